@@ -1,0 +1,150 @@
+"""The model configuration: the five sizes (V, C, D, H, L), dropout rates and the architecture switches.
+
+Seed 000 §6.1: the sizes constrain each other -- ``emb_dim % n_heads == 0``, token ids ``< vocab_size``,
+positions ``< context_length``. The config is checked once, when it is built; everything downstream trusts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+_SIZE_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers")
+_DROPOUT_FIELDS = ("drop_rate", "drop_rate_emb", "drop_rate_attn", "drop_rate_shortcut")
+_BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and switches of a GPT model, with the seeds' upstream field names.
+
+    ``drop_rate_emb`` / ``drop_rate_attn`` / ``drop_rate_shortcut`` fall back to ``drop_rate`` when left as
+    ``None`` (seed 000 §6.5: one rate by default, three independent ones in the exercise).
+    """
+
+    vocab_size: int = 50257  # V
+    context_length: int = 1024  # C
+    emb_dim: int = 768  # D
+    n_heads: int = 12  # H
+    n_layers: int = 12  # L
+    drop_rate: float = 0.0
+    drop_rate_emb: float | None = None
+    drop_rate_attn: float | None = None
+    drop_rate_shortcut: float | None = None
+    qkv_bias: bool = False
+    tie_weights: bool = False
+    pre_ln: bool = True
+
+    def __post_init__(self) -> None:
+        for name in _SIZE_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.emb_dim % self.n_heads != 0:
+            raise ValueError(
+                f"emb_dim={self.emb_dim} must be divisible by n_heads={self.n_heads} "
+                f"(each head gets emb_dim // n_heads features)"
+            )
+        for name in _DROPOUT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name != "drop_rate":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+        for name in _BOOL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} must be true or false")
+
+    @property
+    def head_dim(self) -> int:
+        return self.emb_dim // self.n_heads
+
+    @property
+    def emb_dropout(self) -> float:
+        return self.drop_rate if self.drop_rate_emb is None else self.drop_rate_emb
+
+    @property
+    def attn_dropout(self) -> float:
+        return self.drop_rate if self.drop_rate_attn is None else self.drop_rate_attn
+
+    @property
+    def shortcut_dropout(self) -> float:
+        return self.drop_rate if self.drop_rate_shortcut is None else self.drop_rate_shortcut
+
+    def replace(self, **overrides: Any) -> "GPTConfig":
+        """A copy with some fields changed (validated again). Unknown keys are a ``ValueError``."""
+        _check_keys(overrides, "override")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain JSON-able dict; ``GPTConfig.from_dict(c.to_dict()) == c`` exactly."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GPTConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"a config must be a JSON object, got {type(data).__name__}")
+        _check_keys(data, "config key")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "GPTConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"config is not valid JSON: {err}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "GPTConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"cannot read config file {path}: {err.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def config_field_names() -> list[str]:
+    return [f.name for f in fields(GPTConfig)]
+
+
+def _check_keys(data: dict[str, Any], what: str) -> None:
+    allowed = config_field_names()
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
+
+
+_GPT2 = dict(vocab_size=50257, context_length=1024)
+
+# Seed 000 §6.1 (the small check config) and §6.7 (small/medium/large/xl as in the GPT-2 paper).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=16, context_length=16, emb_dim=16, n_heads=4, n_layers=2, drop_rate=0.0),
+    "gpt2-small": dict(_GPT2, emb_dim=768, n_heads=12, n_layers=12),
+    "gpt2-medium": dict(_GPT2, emb_dim=1024, n_heads=16, n_layers=24),
+    "gpt2-large": dict(_GPT2, emb_dim=1280, n_heads=20, n_layers=36),
+    "gpt2-xl": dict(_GPT2, emb_dim=1600, n_heads=25, n_layers=48),
+}
+
+
+def get_config(name: str, **overrides: Any) -> GPTConfig:
+    """The preset ``name`` with ``overrides`` applied; the preset table itself never changes.
+
+    >>> get_config("tiny").emb_dim
+    16
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown config {name!r}; allowed: {', '.join(PRESETS)}")
+    _check_keys(overrides, "override")
+    return GPTConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,1 @@
+"""Conversions between tinygpt and other implementations' weights and files."""

@@ -1,0 +1,159 @@
+"""The GPT model: token ids [B, T] -> logits [B, T, V] (seed 000 §6.6).
+
+tok_emb(idx) + pos_emb(positions) -> dropout -> L transformer blocks -> final LayerNorm -> bias-free head D -> V.
+The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the KV cache and positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import GPTConfig
+from .kv_cache import KVCache
+from .layers import LayerNorm, TransformerBlock
+
+
+class GPTModel(nn.Module):
+    """A decoder-only transformer of the GPT-2 family.
+
+    Weight init follows GPT-2: every linear and embedding weight ~ N(0, 0.02), biases 0, LayerNorm scale 1 / shift
+    0, and the two projections that write into the residual stream (attention ``out_proj`` and the FFN's second
+    linear) ~ N(0, 0.02 / sqrt(2L)), so that the residual sum of 2L branches keeps its scale at init.
+    With ``tie_weights`` the head and the token embedding are one ``Parameter`` (seed 000 §6.6): not a copy.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
+        self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
+        self.drop_emb = nn.Dropout(config.emb_dropout)
+        self.trf_blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.final_norm = LayerNorm(config.emb_dim)
+        self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.out_head.weight = self.tok_emb.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw every weight with the GPT-2 init (uses torch's global RNG)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, LayerNorm):
+                nn.init.ones_(module.scale)
+                nn.init.zeros_(module.shift)
+        for block in self.trf_blocks:
+            nn.init.normal_(block.att.out_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.ff.layers[2].weight, mean=0.0, std=residual_std)
+
+    def num_parameters(self) -> int:
+        """Unique trainable parameters (a tied weight counts once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def check_input(self, idx: torch.Tensor, start_pos: int = 0) -> None:
+        """Raise ``ValueError``/``TypeError`` unless idx is an integer [B, T] with start_pos + T <= C and 0 <= id < V."""
+        c, v = self.config.context_length, self.config.vocab_size
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape [batch, tokens], got {list(idx.shape)}")
+        t = idx.shape[1]
+        if t < 1:
+            raise ValueError("idx has 0 tokens; at least 1 is needed")
+        if start_pos < 0 or start_pos + t > c:
+            raise ValueError(
+                f"positions {start_pos}..{start_pos + t - 1} do not fit the context: start_pos + tokens must be "
+                f"<= context_length={c} (got start_pos={start_pos}, tokens={t})"
+            )
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= v:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden states [B, T, D] (the head's input). Arguments as for ``forward``."""
+        self.check_input(idx, start_pos)
+        if idx.dtype not in (torch.int64, torch.int32):  # nn.Embedding indexes with int32/int64 only
+            idx = idx.long()
+        t = idx.shape[1]
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + t, device=idx.device)  # [T]
+        x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))  # [B, T, D]
+        for layer, block in enumerate(self.trf_blocks):
+            x = block(x, cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask)  # [B, T, D]
+        return self.final_norm(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Token ids [B, T] -> logits [B, T, V] (or [B, 1, V] with ``last_only``).
+
+        Without the keyword arguments this is the plain full-sequence forward. For cached decoding,
+        ``cache`` holds the keys/values of positions < ``start_pos`` and receives this call's; ``positions``
+        [B, T] overrides the position ids per row (left-padded batches); ``key_mask`` [B, start_pos + T] marks
+        real (True) vs padding (False) key positions. ``last_only`` applies the head to the last position only,
+        which is all that generation needs.
+        """
+        h = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
+        if last_only:
+            h = h[:, -1:, :]  # [B, 1, D]
+        return self.out_head(h)  # [B, T, V]
+
+
+class _Placeholder(nn.Module):
+    """Passes its input through unchanged; stands in for a block or a norm in ``DummyGPTModel``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return x
+
+
+class DummyGPTModel(nn.Module):
+    """The seed's interface check (seed 000, start of the chapter): the full id -> logits route with placeholder
+    blocks and norm, so shapes can be checked before the real modules exist. [B, T] -> [B, T, V]."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
+        self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
+        self.drop_emb = nn.Dropout(config.emb_dropout)
+        self.trf_blocks = nn.ModuleList(_Placeholder(config) for _ in range(config.n_layers))
+        self.final_norm = _Placeholder(config.emb_dim)
+        self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        GPTModel.check_input(self, idx)
+        idx = idx.long()
+        x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1], device=idx.device)))
+        for block in self.trf_blocks:
+            x = block(x)
+        return self.out_head(self.final_norm(x))
