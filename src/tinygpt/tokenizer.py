@@ -1,0 +1,350 @@
+"""Tokenizers: text <-> token ids, with one interface for the GPT-2 BPE, a character vocabulary and a trained BPE.
+
+- ``GPT2Tokenizer``: OpenAI's GPT-2 byte-level BPE (50,257 tokens, ``<|endoftext|>`` = 50256) through tiktoken.
+  The vocabulary comes from, in this order: an explicit directory holding ``encoder.json`` + ``vocab.bpe``, the
+  directory named by ``$TINYGPT_GPT2_VOCAB``, or tiktoken's own cache/download. Offline with none of them, a
+  ``GPT2VocabularyError`` says what to provide.
+- ``CharTokenizer``: one id per character seen in the training text (ids in sorted character order).
+- ``BPETokenizer``: a byte-level BPE trained with Hugging Face ``tokenizers`` (GPT-2's pre-tokenizer regex and
+  byte alphabet, so every string is encodable), with ``<|endoftext|>`` as its only special token.
+
+A tokenizer saved into a directory (beside a checkpoint) writes ``tokenizer.json``, a small descriptor naming its
+kind and any files it needs, and ``load_tokenizer`` reads it back. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with
+
+ENDOFTEXT = "<|endoftext|>"
+DESCRIPTOR = "tokenizer.json"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+GPT2_VOCAB_ENV = "TINYGPT_GPT2_VOCAB"
+DEFAULT_BPE_VOCAB = 4096
+TOKENIZER_SPECS = ("gpt2", "char", "bpe", "bpe:VOCAB")
+
+# The URLs and sha256 values tiktoken_ext.openai_public.gpt2() loads (tiktoken 0.14); used to fetch the two files
+# from tiktoken's cache when a tokenizer that came from get_encoding("gpt2") is saved beside a checkpoint.
+_GPT2_URLS = {
+    "vocab.bpe": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+                  "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+    "encoder.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+                     "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+}
+
+
+class GPT2VocabularyError(ValueError):
+    """The GPT-2 vocabulary files could not be found locally nor downloaded."""
+
+
+class Tokenizer:
+    """The common interface. ``kind`` is "gpt2", "char" or "bpe"; ``eot_id`` is the end-of-text id (or None)."""
+
+    kind: str = ""
+    vocab_size: int
+    eot_id: int | None = None
+
+    def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
+        """Text -> ids. ``<|endoftext|>`` in the text becomes ``eot_id`` only with ``allowed_special=True``;
+        otherwise its presence is a ``ValueError`` (it would silently mean two different things)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text. An id outside [0, vocab_size) is a ``ValueError``."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str], *, allowed_special: bool = False) -> list[list[int]]:
+        return [self.encode(t, allowed_special=allowed_special) for t in texts]
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``tokenizer.json`` (and the files it names) into ``directory``, each file atomically."""
+        raise NotImplementedError
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        for i in ids:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is out of range: ids must satisfy 0 <= id < vocab_size={self.vocab_size}")
+        return ids
+
+    def _check_special(self, text: str, allowed_special: bool) -> None:
+        if not allowed_special and ENDOFTEXT in text:
+            raise ValueError(
+                f"the text contains the special token {ENDOFTEXT!r}; pass allowed_special=True to encode it as "
+                f"the end-of-text id, or remove it"
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+def _write_descriptor(directory: Path, data: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(directory / DESCRIPTOR, json.dumps({"format": "tinygpt-tokenizer", **data}, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ GPT-2
+class GPT2Tokenizer(Tokenizer):
+    """GPT-2's byte-level BPE via a ``tiktoken.Encoding``. ``source_dir`` is where encoder.json/vocab.bpe came from
+    (None when tiktoken loaded them from its cache or the network)."""
+
+    kind = "gpt2"
+
+    def __init__(self, encoding: Any, source_dir: Path | None = None) -> None:
+        self.encoding = encoding
+        self.source_dir = source_dir
+        self.vocab_size = encoding.n_vocab
+        self.eot_id = encoding.eot_token
+
+    def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
+        self._check_special(text, allowed_special)
+        if allowed_special:
+            return self.encoding.encode(text, allowed_special={ENDOFTEXT})
+        return self.encoding.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str], *, allowed_special: bool = False) -> list[list[int]]:
+        for text in texts:
+            self._check_special(text, allowed_special)
+        if allowed_special:
+            return self.encoding.encode_batch(list(texts), allowed_special={ENDOFTEXT})
+        return self.encoding.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode(self._check_ids(ids))
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in GPT2_FILES:
+            target = directory / name
+            if self.source_dir is not None:
+                if (self.source_dir / name).resolve() != target.resolve():
+                    source = self.source_dir / name
+                    atomic_write_with(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
+            else:
+                atomic_write_bytes(target, _read_tiktoken_cached(name))
+        _write_descriptor(directory, {"kind": "gpt2", "encoder": GPT2_FILES[0], "vocab": GPT2_FILES[1]})
+
+
+def _read_tiktoken_cached(name: str) -> bytes:
+    import tiktoken.load
+
+    url, sha256 = _GPT2_URLS[name]
+    try:
+        return tiktoken.load.read_file_cached(url, sha256)
+    except (OSError, ValueError, ImportError) as err:
+        raise GPT2VocabularyError(f"cannot fetch the GPT-2 file {name} to save it ({err}); {_GPT2_HELP}") from None
+
+
+_GPT2_HELP = (
+    f"provide a directory holding the GPT-2 files encoder.json and vocab.bpe (--tokenizer-dir DIR, "
+    f"the environment variable {GPT2_VOCAB_ENV}=DIR, or gpt2_tokenizer(DIR)), or go online once so tiktoken can "
+    f"download and cache them"
+)
+
+
+def _encoding_from_dir(directory: Path) -> Any:
+    """Recipe A of shared/data/README.md: build the tiktoken encoding straight from the two local files."""
+    import tiktoken
+    import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    missing = [name for name in GPT2_FILES if not (directory / name).is_file()]
+    if missing:
+        raise GPT2VocabularyError(f"{directory} lacks {' and '.join(missing)}; {_GPT2_HELP}")
+    # An empty TIKTOKEN_CACHE_DIR turns tiktoken's cache off, so it does not store copies of local files.
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
+    try:
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=str(directory / "vocab.bpe"), encoder_json_file=str(directory / "encoder.json")
+        )
+        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                 special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)
+    except (AssertionError, ValueError, KeyError, UnicodeDecodeError) as err:
+        raise GPT2VocabularyError(
+            f"{directory}: encoder.json and vocab.bpe are not a valid GPT-2 vocabulary ({type(err).__name__}: {err})"
+        ) from None
+    finally:
+        if saved is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved
+
+
+def gpt2_tokenizer(vocab_dir: str | Path | None = None) -> GPT2Tokenizer:
+    """The GPT-2 tokenizer from ``vocab_dir``, else ``$TINYGPT_GPT2_VOCAB``, else tiktoken's cache/download."""
+    if vocab_dir is None and os.environ.get(GPT2_VOCAB_ENV):
+        vocab_dir = os.environ[GPT2_VOCAB_ENV]
+    if vocab_dir is not None:
+        directory = Path(vocab_dir)
+        return GPT2Tokenizer(_encoding_from_dir(directory), source_dir=directory)
+    import tiktoken
+
+    try:
+        encoding = tiktoken.get_encoding("gpt2")
+    except (OSError, ValueError, ImportError) as err:  # requests' connection errors are OSErrors
+        raise GPT2VocabularyError(
+            f"the GPT-2 vocabulary is not in tiktoken's cache and could not be downloaded "
+            f"({type(err).__name__}); {_GPT2_HELP}"
+        ) from None
+    return GPT2Tokenizer(encoding)
+
+
+# ------------------------------------------------------------------------------------------------ char
+class CharTokenizer(Tokenizer):
+    """One id per character, in sorted order of the characters seen in training. No special tokens."""
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = sorted(set(chars))
+        if not chars:
+            raise ValueError("a character tokenizer needs at least one character of training text")
+        if any(len(c) != 1 for c in chars):
+            raise ValueError("the vocabulary of a character tokenizer must be single characters")
+        self.chars = chars
+        self.vocab_size = len(chars)
+        self._index = {c: i for i, c in enumerate(chars)}
+
+    def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
+        index = self._index
+        try:
+            return [index[c] for c in text]
+        except KeyError as err:
+            raise ValueError(
+                f"character {err.args[0]!r} is not in this character tokenizer's vocabulary "
+                f"({self.vocab_size} characters seen in training)"
+            ) from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in self._check_ids(ids))
+
+    def save(self, directory: str | Path) -> None:
+        _write_descriptor(Path(directory), {"kind": "char", "chars": self.chars})
+
+
+# ------------------------------------------------------------------------------------------------ BPE
+class BPETokenizer(Tokenizer):
+    """A byte-level BPE (``tokenizers.Tokenizer``) with ``<|endoftext|>``; decodes its own encodings exactly."""
+
+    kind = "bpe"
+    FILE = "bpe.json"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eot_id = tokenizer.token_to_id(ENDOFTEXT)
+        if self.eot_id is None:
+            raise ValueError(f"a BPE tokenizer must define the special token {ENDOFTEXT!r}")
+
+    def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
+        self._check_special(text, allowed_special)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], *, allowed_special: bool = False) -> list[list[int]]:
+        for text in texts:
+            self._check_special(text, allowed_special)
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(self._check_ids(ids), skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / self.FILE, self.tokenizer.to_str())
+        _write_descriptor(directory, {"kind": "bpe", "file": self.FILE})
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB) -> "BPETokenizer":
+        """Train on an iterable of text chunks; ``tokenizers`` consumes it lazily, so a large corpus can stream."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        tokenizer = HFTokenizer(models.BPE())
+        # GPT-2's scheme: its regex splits words/numbers/punctuation, bytes map to printable characters, no prefix
+        # space (so decode(encode(s)) == s exactly).
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[ENDOFTEXT], show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tokenizer.train_from_iterator(_as_chunks(texts), trainer=trainer)
+        return cls(tokenizer)
+
+
+def _as_chunks(texts: Iterable[str] | str) -> Iterator[str]:
+    if isinstance(texts, str):  # one string, not an iterable of its characters
+        yield texts
+        return
+    for chunk in texts:
+        if not isinstance(chunk, str):
+            raise TypeError(f"training texts must be strings, got {type(chunk).__name__}")
+        yield chunk
+
+
+# ------------------------------------------------------------------------------------------------ train / load
+def train_tokenizer(spec: str, texts: Iterable[str] | str = ()) -> Tokenizer:
+    """Build a tokenizer from ``spec``: "gpt2" (pretrained; texts unused), "char", "bpe" or "bpe:VOCAB".
+
+    ``texts`` may be any iterable of text chunks (a generator over a large file); it is read once.
+    """
+    allowed = f"allowed: {', '.join(TOKENIZER_SPECS)} (VOCAB an integer >= 257)"
+    if not isinstance(spec, str):
+        raise ValueError(f"tokenizer spec must be a string; {allowed}")
+    if spec == "gpt2":
+        return gpt2_tokenizer()
+    if spec == "char":
+        seen: set[str] = set()
+        for chunk in _as_chunks(texts):
+            seen.update(chunk)
+        return CharTokenizer(seen)
+    if spec == "bpe" or spec.startswith("bpe:"):
+        vocab = DEFAULT_BPE_VOCAB
+        if spec != "bpe":
+            text = spec.removeprefix("bpe:")
+            # 256 byte tokens + <|endoftext|> is the smallest byte-level vocabulary.
+            if not text.isdigit() or int(text) < 257:
+                raise ValueError(f"bad tokenizer spec {spec!r}; {allowed}")
+            vocab = int(text)
+        return BPETokenizer.train(texts, vocab)
+    raise ValueError(f"unknown tokenizer spec {spec!r}; {allowed}")
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Read the tokenizer saved in ``directory`` (its ``tokenizer.json`` and the files it names)."""
+    directory = Path(directory)
+    path = directory / DESCRIPTOR
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"no tokenizer in {directory}: {DESCRIPTOR} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the tokenizer descriptor ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != "tinygpt-tokenizer":
+        raise ValueError(f"{path} is not a tinygpt tokenizer descriptor (expected \"format\": \"tinygpt-tokenizer\")")
+    kind = data.get("kind")
+    if kind == "gpt2":
+        return gpt2_tokenizer(directory)
+    if kind == "char":
+        chars = data.get("chars")
+        if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
+            raise ValueError(f"{path}: key 'chars' must be a list of characters")
+        return CharTokenizer(chars)
+    if kind == "bpe":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        file = directory / str(data.get("file", BPETokenizer.FILE))
+        try:
+            return BPETokenizer(HFTokenizer.from_file(str(file)))
+        except Exception as err:  # tokenizers raises its own Exception type for any parse failure
+            raise ValueError(f"{file}: cannot load the BPE tokenizer ({err})") from None
+    raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; allowed: gpt2, char, bpe")
