@@ -6,6 +6,17 @@ from .kv_cache import KVCache
 from .layers import GELU, FeedForward, LayerNorm, MultiHeadAttention, TransformerBlock
 from .model import DummyGPTModel, GPTModel
 from .params import ParameterCount, count_parameters
+from .checkpoint import load_checkpoint_tokenizer, load_model, save_model
+from .tokenizer import (
+    BPETokenizer,
+    CharTokenizer,
+    GPT2Tokenizer,
+    GPT2VocabularyError,
+    Tokenizer,
+    gpt2_tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
 
 __version__ = "0.1.0"
 
@@ -22,6 +33,17 @@ __all__ = [
     "ParameterCount",
     "TransformerBlock",
     "count_parameters",
+    "BPETokenizer",
+    "CharTokenizer",
+    "GPT2Tokenizer",
+    "GPT2VocabularyError",
+    "Tokenizer",
+    "gpt2_tokenizer",
+    "load_checkpoint_tokenizer",
+    "load_model",
+    "load_tokenizer",
+    "save_model",
+    "train_tokenizer",
     "generate_greedy",
     "get_config",
 ]

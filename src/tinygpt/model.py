@@ -2,18 +2,25 @@
 
 tok_emb(idx) + pos_emb(positions) -> dropout -> L transformer blocks -> final LayerNorm -> bias-free head D -> V.
 The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the KV cache and positions.
+With ``pos_emb="rope"`` there is no position table: the blocks rotate q and k instead (``rope.py``).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import LayerNorm, TransformerBlock
+from .layers import LayerNorm, RMSNorm, TransformerBlock, make_norm
+from .rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 
 class GPTModel(nn.Module):
@@ -31,10 +38,15 @@ class GPTModel(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
-        self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
+        self.pos_emb: nn.Embedding | None = None
+        self.rope: RotaryEmbedding | None = None
+        if config.pos_emb == "rope":
+            self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+        else:
+            self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.emb_dropout)
         self.trf_blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.final_norm = LayerNorm(config.emb_dim)
+        self.final_norm = make_norm(config)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.out_head.weight = self.tok_emb.weight
@@ -48,8 +60,9 @@ class GPTModel(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-            if isinstance(module, LayerNorm):
+            if isinstance(module, (LayerNorm, RMSNorm)):
                 nn.init.ones_(module.scale)
+            if isinstance(module, LayerNorm) and module.shift is not None:
                 nn.init.zeros_(module.shift)
         for block in self.trf_blocks:
             nn.init.normal_(block.att.out_proj.weight, mean=0.0, std=residual_std)
@@ -97,9 +110,14 @@ class GPTModel(nn.Module):
         t = idx.shape[1]
         if positions is None:
             positions = torch.arange(start_pos, start_pos + t, device=idx.device)  # [T]
-        x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))  # [B, T, D]
+        rope = None  # (cos, sin), [T, hd] or [B, T, hd]: computed once, shared by every layer
+        if self.rope is not None:
+            x = self.drop_emb(self.tok_emb(idx))  # [B, T, D]
+            rope = self.rope(positions, x.dtype)
+        else:
+            x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))  # [B, T, D]
         for layer, block in enumerate(self.trf_blocks):
-            x = block(x, cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask)  # [B, T, D]
+            x = block(x, cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask, rope=rope)  # [B, T, D]
         return self.final_norm(x)
 
     def forward(
@@ -124,6 +142,19 @@ class GPTModel(nn.Module):
         if last_only:
             h = h[:, -1:, :]  # [B, 1, D]
         return self.out_head(h)  # [B, T, V]
+
+    def save_pretrained(self, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) atomically; see ``tinygpt.checkpoint``."""
+        from .checkpoint import save_model  # checkpoint imports this module: import it only when called
+
+        save_model(self, directory, tokenizer=tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **kwargs: Any) -> "GPTModel":
+        """Load a checkpoint written by ``save_pretrained`` (keywords ``device``, ``dtype``), strictly checked."""
+        from .checkpoint import load_model
+
+        return load_model(directory, **kwargs)
 
 
 class _Placeholder(nn.Module):

@@ -1,0 +1,159 @@
+"""tinygpt's checkpoint format: a directory with ``config.json`` + ``model.safetensors`` (+ the tokenizer's files).
+
+- ``config.json`` is exactly ``GPTConfig.to_json()``; ``model.safetensors`` holds the persistent state dict. A tied
+  head is the token embedding itself, so ``out_head.weight`` is written once, as ``tok_emb.weight``.
+- The directory is assembled beside its target and renamed into place (``fileio.atomic_directory``): a crash
+  mid-write leaves the previous checkpoint complete and loadable.
+- Loading is strict and runs no code: safetensors is a JSON header plus raw bytes (no pickle). Every key, shape and
+  dtype is checked against the config before anything is copied; any mismatch is a ``ValueError`` naming the file
+  and the key. The model is built on the meta device and the loaded tensors are assigned into it
+  (``load_state_dict(assign=True)``), so peak memory is one copy of the weights, not two.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from .config import GPTConfig
+from .fileio import atomic_directory, atomic_write_text
+from .model import GPTModel
+from .tokenizer import DESCRIPTOR, Tokenizer, load_tokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+_TIED_KEY = "out_head.weight"
+
+
+def _expected_shapes(model: GPTModel) -> dict[str, torch.Size]:
+    """Persistent tensors the file must hold, with their shapes (the tied head is not stored)."""
+    shapes = {name: t.shape for name, t in model.state_dict().items()}
+    if model.config.tie_weights:
+        del shapes[_TIED_KEY]
+    return shapes
+
+
+def save_model(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
+    """Write ``model`` (and ``tokenizer``) as a checkpoint directory, replacing ``directory`` atomically."""
+    from safetensors.torch import save_file
+
+    if not isinstance(model, GPTModel):
+        raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a tinygpt Tokenizer, got {type(tokenizer).__name__}")
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
+    state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    if model.config.tie_weights:
+        del state[_TIED_KEY]
+    with atomic_directory(directory) as tmp:
+        atomic_write_text(tmp / CONFIG_FILE, model.config.to_json() + "\n")
+        save_file(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+
+
+def load_config(directory: str | Path) -> GPTConfig:
+    """The validated ``GPTConfig`` of a checkpoint directory."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"{Path(directory)} is not a tinygpt checkpoint: {CONFIG_FILE} is missing")
+    return GPTConfig.from_file(path)  # its errors already name the file and the key
+
+
+def _read_weights(path: Path, expected: dict[str, torch.Size], device: str, dtype: torch.dtype | None
+                  ) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise ValueError(f"{path.parent} is not a tinygpt checkpoint: {WEIGHTS_FILE} is missing")
+    try:
+        handle = safe_open(str(path), framework="pt", device=str(device))
+    except Exception as err:  # safetensors raises its own SafetensorError (not a ValueError) on a corrupt header
+        raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
+    with handle as f:
+        names = set(f.keys())
+        missing = sorted(set(expected) - names)
+        if missing:
+            raise ValueError(f"{path}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
+                                                                         if len(missing) > 1 else ""))
+        unexpected = sorted(names - set(expected))
+        if unexpected:
+            raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} (not part of a GPTModel with this config)")
+        for name, shape in expected.items():
+            actual = tuple(f.get_slice(name).get_shape())
+            if actual != tuple(shape):
+                raise ValueError(f"{path}: tensor {name!r} has shape {list(actual)}, the config needs {list(shape)}")
+        state = {}
+        for name in expected:
+            try:
+                tensor = f.get_tensor(name)
+            except Exception as err:
+                raise ValueError(f"{path}: cannot read tensor {name!r}: {err}") from None
+            if not tensor.is_floating_point():
+                raise ValueError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
+            state[name] = tensor if dtype is None else tensor.to(dtype)
+    return state
+
+
+def _buffer_donor(config: GPTConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """Non-persistent buffers (the causal mask, any position tables) are not in the file, and a model built on the
+    meta device has them on meta too. They depend on the config only, not on the weights or the layer index, so a
+    one-layer, one-token model on the real device (a few MB) supplies them; its parameters are dropped at once."""
+    with torch.device(device):
+        donor = GPTModel(config.replace(n_layers=1, vocab_size=1))
+    persistent = set(donor.state_dict())
+    return {name: b for name, b in donor.named_buffers() if name not in persistent}
+
+
+def _materialise_buffers(model: GPTModel, donor: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Give every meta buffer of ``model`` the donor's value (layer i takes layer 0's), floating ones in ``dtype``,
+    as ``model.to(dtype)`` would have left them."""
+    for name, buffer in list(model.named_buffers()):
+        if not buffer.is_meta:
+            continue
+        donor_name = re.sub(r"^trf_blocks\.\d+\.", "trf_blocks.0.", name)
+        if donor_name not in donor:
+            raise RuntimeError(f"load_model cannot materialise the buffer {name!r}")
+        value = donor[donor_name]
+        if value.is_floating_point():
+            value = value.to(dtype)
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, value)  # the module keeps it registered as a buffer
+    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if still_meta:
+        raise RuntimeError(f"load_model left tensors on the meta device: {still_meta}")
+
+
+def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+               ) -> GPTModel:
+    """Load a checkpoint written by ``save_model`` into a ``GPTModel`` on ``device`` (in eval mode).
+
+    ``dtype`` converts the floating tensors (default: as stored). Strict: see the module docstring.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"checkpoint directory {directory} does not exist")
+    config = load_config(directory)
+    donor = _buffer_donor(config, torch.device(device))
+    with torch.device("meta"):
+        model = GPTModel(config)  # shapes only: no memory, no random init cost
+    state = _read_weights(directory / WEIGHTS_FILE, _expected_shapes(model), str(device), dtype)
+    if config.tie_weights:
+        state[_TIED_KEY] = state["tok_emb.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_weights:
+        model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
+    _materialise_buffers(model, donor, state["tok_emb.weight"].dtype)
+    return model.eval()
+
+
+def load_checkpoint_tokenizer(directory: str | Path) -> Tokenizer | None:
+    """The tokenizer saved beside a checkpoint, or None when the checkpoint has none."""
+    if not (Path(directory) / DESCRIPTOR).is_file():
+        return None
+    return load_tokenizer(directory)

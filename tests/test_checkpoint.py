@@ -1,0 +1,223 @@
+import json
+import pickle
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import variant_configs
+from tinygpt import GPTConfig, GPTModel
+from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model, save_model
+from tinygpt.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_tokenizer
+
+CONFIGS = variant_configs()
+
+
+def _random_model(config: GPTConfig) -> GPTModel:
+    model = GPTModel(config).eval()
+    with torch.no_grad():  # move norms and biases off their 1/0 init so every tensor is really compared
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "scale", "shift")):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"qkv{c.qkv_bias:d}-tie{c.tie_weights:d}-pre{c.pre_ln:d}")
+def test_round_trip_is_exact(config, tmp_path):
+    model = _random_model(config)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = GPTModel.from_pretrained(tmp_path / "ckpt")
+    assert loaded.config == config and not loaded.training
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert all(not t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert (loaded.out_head.weight is loaded.tok_emb.weight) == config.tie_weights
+    assert loaded.num_parameters() == model.num_parameters()
+    idx = torch.randint(0, config.vocab_size, (2, config.context_length))
+    key_mask = torch.ones(2, config.context_length, dtype=torch.bool)
+    key_mask[0, :3] = False
+    with torch.no_grad():
+        assert torch.equal(loaded(idx), model(idx))
+        assert torch.equal(loaded(idx, key_mask=key_mask), model(idx, key_mask=key_mask))  # reads causal_mask
+
+
+def test_tied_weight_is_written_once(tmp_path):
+    config = CONFIGS[0].replace(tie_weights=True)
+    save_model(_random_model(config), tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert "out_head.weight" not in stored and "tok_emb.weight" in stored
+    assert json.loads((tmp_path / "config.json").read_text()) == config.to_dict()
+
+
+def test_load_dtype_and_training_after_load(tmp_path):
+    model = _random_model(CONFIGS[-1])
+    model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype=torch.float64)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float64}
+    idx = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx), model(idx).double(), atol=1e-5, rtol=0)
+    loaded.train()  # assigned tensors are trainable parameters
+    loaded(idx).sum().backward()
+    assert loaded.tok_emb.weight.grad is not None
+
+
+def _saved(tmp_path, config=None):
+    config = config or CONFIGS[0]
+    save_model(_random_model(config), tmp_path)
+    return load_file(tmp_path / "model.safetensors")
+
+
+def test_missing_tensor(tmp_path):
+    state = _saved(tmp_path)
+    del state["trf_blocks.1.norm2.shift"]
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors: missing tensor 'trf_blocks\.1\.norm2\.shift'"):
+        load_model(tmp_path)
+
+
+def test_unexpected_tensor(tmp_path):
+    state = _saved(tmp_path)
+    state["trf_blocks.0.att.extra"] = torch.zeros(3)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors: unexpected tensor 'trf_blocks\.0\.att\.extra'"):
+        load_model(tmp_path)
+
+
+def test_untied_head_in_a_tied_checkpoint_is_unexpected(tmp_path):
+    state = _saved(tmp_path, CONFIGS[0].replace(tie_weights=True))
+    state["out_head.weight"] = state["tok_emb.weight"].clone()
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="unexpected tensor 'out_head.weight'"):
+        load_model(tmp_path)
+
+
+def test_wrong_shape(tmp_path):
+    state = _saved(tmp_path)
+    state["pos_emb.weight"] = torch.zeros(5, 24)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"'pos_emb\.weight' has shape \[5, 24\], the config needs \[12, 24\]"):
+        load_model(tmp_path)
+
+
+def test_integer_tensor(tmp_path):
+    state = _saved(tmp_path)
+    state["final_norm.shift"] = torch.zeros(24, dtype=torch.int64)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="'final_norm.shift' has dtype torch.int64"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("keep", [0, 5, 100, -16])
+def test_truncated_file(tmp_path, keep):
+    _saved(tmp_path)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a valid safetensors file"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{oops", "not valid JSON"),
+        ('{"vocab_size": 37, "context_length": 12, "emb_dim": 24, "n_heads": 5, "n_layers": 2}', "divisible"),
+        ('{"vocab_size": 37, "context_length": 12, "emb_dim": 24, "n_heads": 3, "n_layers": 2, "rope": true}',
+         "unknown config key 'rope'"),
+    ],
+)
+def test_bad_config(tmp_path, text, message):
+    _saved(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as exc:
+        load_model(tmp_path)
+    assert "config.json" in str(exc.value)
+
+
+def test_config_that_disagrees_with_the_weights(tmp_path):
+    _saved(tmp_path)
+    (tmp_path / "config.json").write_text(CONFIGS[0].replace(emb_dim=48).to_json())
+    with pytest.raises(ValueError, match="has shape"):
+        load_model(tmp_path)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(ValueError, match="config.json is missing"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(CONFIGS[0].to_json())
+    with pytest.raises(ValueError, match="model.safetensors is missing"):
+        load_model(tmp_path)
+
+
+def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    old = _random_model(CONFIGS[0])
+    save_model(old, tmp_path / "ckpt")
+
+    def crash(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\x10\x00\x00\x00half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(_random_model(CONFIGS[0]), tmp_path / "ckpt")
+    monkeypatch.undo()
+    loaded = load_model(tmp_path / "ckpt")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in old.state_dict().items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_crash_in_tokenizer_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    old = _random_model(CONFIGS[0])
+    save_model(old, tmp_path / "ckpt", tokenizer=CharTokenizer("abc"))
+
+    def crash(self, directory):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(CharTokenizer, "save", crash)
+    with pytest.raises(RuntimeError):
+        save_model(_random_model(CONFIGS[1]), tmp_path / "ckpt", tokenizer=CharTokenizer("xyz"))
+    monkeypatch.undo()
+    assert load_model(tmp_path / "ckpt").config == CONFIGS[0]
+    assert load_checkpoint_tokenizer(tmp_path / "ckpt").chars == ["a", "b", "c"]
+
+
+def test_no_pickle_on_save_or_load(tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("pickle used")
+
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "Unpickler", forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(torch, "save", forbidden)
+    save_model(_random_model(CONFIGS[0]), tmp_path)
+    load_model(tmp_path)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])  # safetensors: a JSON header, then raw tensor bytes
+    assert header["__metadata__"]["format"] == "pt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_tokenizer_beside_checkpoint(tmp_path, gpt2_vocab_dir, monkeypatch):
+    monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
+    model = _random_model(GPTConfig(vocab_size=50257, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
+    assert load_checkpoint_tokenizer(tmp_path) is None
+    model.save_pretrained(tmp_path / "ckpt", tokenizer=gpt2_tokenizer(gpt2_vocab_dir))
+    tok = load_checkpoint_tokenizer(tmp_path / "ckpt")
+    assert isinstance(tok, GPT2Tokenizer) and tok.encode("Hello, I am") == [15496, 11, 314, 716]
+    model.save_pretrained(tmp_path / "ckpt", tokenizer=tok)  # re-save over the directory its files come from
+    assert load_checkpoint_tokenizer(tmp_path / "ckpt").encode("Hello, I am") == [15496, 11, 314, 716]
+
+
+def test_tokenizer_larger_than_vocab_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size is 37"):
+        save_model(_random_model(CONFIGS[0]), tmp_path, tokenizer=CharTokenizer([chr(65 + i) for i in range(40)]))
