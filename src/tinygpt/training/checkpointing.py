@@ -1,0 +1,155 @@
+"""Training checkpoints: ``step-N/`` folders, written atomically, pruned to the last K and the best, found on resume.
+
+A ``step-N/`` folder is a model checkpoint that ``tinygpt.checkpoint.load_model`` reads as it is (``config.json``,
+``model.safetensors``, the tokenizer's files) plus ``training_state.pt``: optimizer state, step, the RNG states of
+torch / numpy / Python, the data sampler's position and the run's settings. That file holds only tensors and plain
+Python values, so it loads with ``torch.load(weights_only=True)`` -- no pickle of arbitrary objects.
+
+The whole folder is assembled in a temporary sibling and renamed into place (``fileio.atomic_directory``): a crash
+at any instant leaves every ``step-N/`` either complete or absent, so resume never sees half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model
+from ..fileio import atomic_directory, atomic_write_with
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+
+STATE_FILE = "training_state.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Test hook: when this names a step, the process pauses (for SLEEP_SECONDS) in the middle of writing that step's
+# checkpoint -- model files written, state not yet, folder not yet renamed -- so a test can SIGKILL it exactly there.
+FAULT_ENV = "TINYGPT_PAUSE_IN_CHECKPOINT_WRITE"
+_FAULT_SLEEP_SECONDS = 300.0
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"step-{step}"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The torch (CPU and every CUDA device), numpy and Python RNG states, as weights_only-loadable values."""
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state((np_state["kind"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["gauss"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokenizer | None,
+                    training_state: dict[str, Any]) -> Path:
+    """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path."""
+    target = step_dir(run_dir, step)
+    with atomic_directory(target) as tmp:
+        save_model(model, tmp, tokenizer)
+        if os.environ.get(FAULT_ENV) == str(step):
+            print(f"[{FAULT_ENV}] pausing inside the write of {target.name}", file=sys.stderr, flush=True)
+            time.sleep(_FAULT_SLEEP_SECONDS)
+        atomic_write_with(tmp / STATE_FILE, lambda path: torch.save(training_state, path))
+    return target
+
+
+def is_complete(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE))
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete ``step-N/`` folders of ``run_dir`` as (N, path), oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for child in run_dir.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and is_complete(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def load_training_state(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / STATE_FILE
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{directory} is not a training checkpoint: {STATE_FILE} is missing") from None
+    except Exception as err:  # a truncated or foreign file: unpickling errors of several types
+        raise ValueError(f"{path}: cannot read the training state ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"{path} is not a tinygpt training state")
+    return state
+
+
+def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | None:
+    """Which checkpoint to resume from.
+
+    ``None`` -> none. ``"auto"`` -> the newest complete ``step-N/`` in ``run_dir``, or none when there is none yet
+    (so the same command starts a run and continues it). A path -> that checkpoint folder, or the newest complete
+    checkpoint inside that run folder; a path holding neither is a ``ValueError``.
+    """
+    if resume is None:
+        return None
+    if str(resume) == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1][1] if found else None
+    path = Path(resume)
+    if not path.is_dir():
+        raise ValueError(f"--resume {path}: no such folder")
+    if is_complete(path):
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise ValueError(f"--resume {path}: neither a complete step-N checkpoint nor a run folder holding one")
+    return found[-1][1]
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, keep: set[int] = frozenset()) -> None:
+    """Delete complete ``step-N/`` folders except the newest ``keep_last`` and the steps in ``keep`` (the best)."""
+    found = list_checkpoints(run_dir)
+    newest = {step for step, _ in found[-keep_last:]} if keep_last > 0 else set()
+    for step, path in found:
+        if step not in newest and step not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def export_model_files(model: GPTModel, tokenizer: Tokenizer | None, run_dir: Path) -> None:
+    """Put ``model``'s checkpoint files (config, weights, tokenizer) directly into ``run_dir``, which also holds
+    the run's other files. Each file is replaced atomically, the config last; a run's config and tokenizer never
+    change (resume checks them), so a crash between two replacements still leaves a matching set."""
+    run_dir = Path(run_dir)
+    staging = run_dir / ".final-model"
+    save_model(model, staging, tokenizer)
+    names = sorted(p.name for p in staging.iterdir())
+    names.sort(key=lambda name: name == CONFIG_FILE)
+    for name in names:
+        os.replace(staging / name, run_dir / name)
+    shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""Data parallelism under ``torchrun``: process-group setup, DDP or FSDP2 wrapping, and full (unsharded) state.
+
+Outside torchrun (no ``WORLD_SIZE`` in the environment) everything here is the identity: one process, rank 0.
+Under ``torchrun --nproc_per_node=N`` each process joins the group (gloo on CPU, nccl on CUDA), takes GPU
+``LOCAL_RANK``, and the model is wrapped in DDP -- or sharded with FSDP2 ``fully_shard`` (one unit per transformer
+block, then the root) when asked. Every rank seeds identically; only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_optimizer_state_dict
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``None``/"auto" -> cuda when available else cpu; otherwise the named device (``ValueError`` if unusable)."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not supported for training; use cpu or cuda")
+    return resolved
+
+
+def init_distributed(device: str | None = None) -> DistContext:
+    """Join the torchrun process group when launched by torchrun; otherwise a single-process context."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1 and not dist.is_initialized():
+        return DistContext(rank=0, local_rank=0, world_size=1, device=resolve_device(device))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        resolved = torch.device("cuda", local_rank)
+        torch.cuda.set_device(resolved)
+    if not dist.is_initialized():
+        backend = "nccl" if resolved.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=resolved if resolved.type == "cuda" else None)
+    return DistContext(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=resolved)
+
+
+def close_distributed(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, ctx: DistContext, *, fsdp: bool = False) -> nn.Module:
+    """DDP (gradients all-reduced and averaged) or FSDP2 (parameters, gradients and optimizer state sharded).
+
+    With one process and no ``fsdp`` the model is returned as it is.
+    """
+    if fsdp:
+        if not dist.is_initialized():
+            raise ValueError("--fsdp needs a process group: launch with torchrun (even --nproc_per_node=1)")
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.trf_blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    if not ctx.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The GPTModel inside a DDP wrapper (FSDP2 shards in place, so it is the model itself)."""
+    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Skip the gradient all-reduce on the micro-steps of gradient accumulation that are not the last."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+    elif hasattr(model, "require_backward_grad_sync"):  # DDP
+        model.require_backward_grad_sync = enabled
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model state, optimizer state), unsharded on CPU, keyed by parameter name -- the same for 1 process, DDP
+    and FSDP2, so a checkpoint written by one resumes under another. Collective: every rank must call it."""
+    return get_state_dict(model, optimizer, options=_FULL)
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict) -> None:
+    """Inverse of ``full_state`` for the optimizer (every rank passes the same full dict; FSDP2 keeps its shard).
+    The weights themselves come back through ``load_model`` before wrapping."""
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+
+
+def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.distributed:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= ctx.world_size
+    return value
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()

@@ -1,0 +1,445 @@
+"""The training loop: ``train(TrainingOptions(...))`` -- data, model, AdamW, schedule, eval, checkpoints, resume.
+
+One optimizer step = ``grad_accum`` micro-batches of ``batch_size`` windows per rank; the global batch is
+``batch_size * grad_accum * world_size`` windows of ``context_length`` tokens. Everything that decides the numbers
+(weights, AdamW moments, RNG states, the sampler position) is in each checkpoint, so a resumed run continues the
+exact computation: on CPU with the same thread count, N steps straight and N/2 + resume + N/2 are bit-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..checkpoint import load_config, load_model
+from ..config import GPTConfig, get_config
+from ..fileio import atomic_write_text
+from ..generation import generate_greedy
+from ..model import GPTModel
+from ..tokenizer import Tokenizer, load_tokenizer
+from . import distributed as dist_utils
+from .batches import WindowSampler
+from .checkpointing import (capture_rng_state, export_model_files, list_checkpoints, load_training_state,
+                            prune_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
+from .data import PreparedCorpus, prepare_or_reuse
+from .metrics import MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
+from .optim import build_optimizer, lr_at, set_lr
+
+# The main job's model (vocab_size comes from the tokenizer): sized by timing runs so that the default
+# ``tinygpt train`` on the embedded corpus finishes in about 5 minutes on 2 CPU cores.
+DEFAULT_MODEL: dict[str, Any] = dict(context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept."""
+
+
+@dataclass
+class TrainingOptions:
+    """Every setting of a run. ``data=None`` and ``prepared=None`` train on the embedded corpus."""
+
+    data: list[str] | None = None
+    prepared: str | None = None
+    tokenizer: str = "char"
+    config: str | GPTConfig | None = None
+    out_dir: str = "runs/tinygpt"
+    max_steps: int = 2000
+    stop_after: int | None = None
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_iters: int = 20
+    checkpoint_every: int | None = None
+    keep_last: int = 2
+    seed: int = 1337
+    device: str | None = None
+    dtype: str = "auto"
+    compile: bool = False
+    fsdp: bool = False
+    resume: str | None = None
+    sample_tokens: int = 200
+    sample_prompt: str | None = None
+    peak_tflops: float | None = None
+    val_fraction: float = 0.1
+    progress: bool = True
+
+    def check(self) -> None:
+        """``ValueError`` naming the first bad setting."""
+        positive = ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        for name in ("warmup_steps", "keep_last", "sample_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every!r} must be >= 1")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError(f"stop_after={self.stop_after!r} must be >= 1")
+        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}; allowed: auto, float32, bfloat16")
+        if self.data is not None and self.prepared is not None:
+            raise ValueError("give either data paths or a prepared corpus, not both")
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    run_dir: Path
+    step: int
+    train_loss: float | None
+    val_loss: float | None
+    best_step: int | None
+    best_val_loss: float | None
+    unigram_entropy: float
+    tokens_per_second: float | None
+    samples: list[str]
+
+
+def resolve_config(spec: str | GPTConfig | None, tokenizer_vocab: int) -> GPTConfig:
+    """None -> ``DEFAULT_MODEL`` with the tokenizer's vocabulary; a preset name; a ``.json`` file; a GPTConfig.
+    A vocabulary larger than the model's ``vocab_size`` is a ``ValueError``."""
+    if spec is None:
+        config = GPTConfig(vocab_size=tokenizer_vocab, **DEFAULT_MODEL)
+    elif isinstance(spec, GPTConfig):
+        config = spec
+    elif str(spec).endswith(".json"):
+        config = GPTConfig.from_file(spec)
+    else:
+        config = get_config(str(spec))
+    if tokenizer_vocab > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer_vocab} tokens but the model's vocab_size is {config.vocab_size}: "
+            f"choose a config with vocab_size >= {tokenizer_vocab} (or a smaller tokenizer)"
+        )
+    return config
+
+
+def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast (weights and optimizer stay float32) when asked for, or by default on a bf16-capable GPU."""
+    use_bf16 = dtype == "bfloat16" or (
+        dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    if not use_bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
+    return [tokenizer.kind, str(tokenizer.vocab_size), *(tokenizer.decode([i]) for i in range(tokenizer.vocab_size))]
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+class _Run:
+    """One invocation of ``train``: the state shared by its steps (kept out of ``train`` to keep that readable)."""
+
+    def __init__(self, options: TrainingOptions) -> None:
+        options.check()
+        self.o = options
+        self.ctx = dist_utils.init_distributed(options.device)
+        self.run_dir = Path(options.out_dir)
+        self.main = self.ctx.is_main
+        self.min_lr = options.lr / 10 if options.min_lr is None else options.min_lr
+
+    def log(self, message: str) -> None:
+        if self.main:
+            tqdm.write(message, file=sys.stderr)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def open_data(self) -> None:
+        o = self.o
+        if o.prepared is not None:
+            self.corpus = PreparedCorpus.open(o.prepared)
+        else:
+            if o.data is None:
+                from ..corpus import embedded_corpus_files
+
+                paths = [str(p) for p in embedded_corpus_files()]
+                self.log(f"no --data: training on the embedded corpus ({len(paths)} standard-library .py files)")
+            else:
+                paths = list(o.data)
+            target = self.run_dir / "data"
+            if self.main:
+                prepare_or_reuse(paths, o.tokenizer, target, val_fraction=o.val_fraction, progress=o.progress)
+            dist_utils.barrier(self.ctx)
+            self.corpus = PreparedCorpus.open(target)
+        self.tokenizer = self.corpus.load_tokenizer()
+
+    def build(self) -> None:
+        """Model, optimizer and samplers, fresh or from the resume checkpoint; every check before any step."""
+        o, ctx = self.o, self.ctx
+        self.resume_from = resolve_resume(o.resume, self.run_dir)
+        state: dict[str, Any] | None = None
+        if self.resume_from is not None:
+            state = load_training_state(self.resume_from)
+            config = load_config(self.resume_from)
+            if o.config is not None:
+                wanted = resolve_config(o.config, self.tokenizer.vocab_size)
+                if wanted != config:
+                    diff = {k: (v, getattr(config, k)) for k, v in wanted.to_dict().items()
+                            if getattr(config, k) != v}
+                    raise ValueError(f"--config does not match the checkpoint {self.resume_from}: "
+                                     + ", ".join(f"{k}={a!r} vs checkpoint {b!r}" for k, (a, b) in diff.items()))
+            ckpt_tok = load_tokenizer(self.resume_from)
+            if _tokenizer_fingerprint(ckpt_tok) != _tokenizer_fingerprint(self.tokenizer):
+                raise ValueError(f"the checkpoint {self.resume_from} was trained with a different tokenizer "
+                                 f"({ckpt_tok!r}) than this data's ({self.tokenizer!r})")
+        else:
+            if list_checkpoints(self.run_dir):
+                raise ValueError(f"{self.run_dir} already holds checkpoints: pass --resume auto to continue that run, "
+                                 f"or choose another --out")
+            config = resolve_config(o.config, self.tokenizer.vocab_size)
+        if self.tokenizer.vocab_size > config.vocab_size:
+            raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the checkpoint's "
+                             f"vocab_size is {config.vocab_size}")
+        window = config.context_length + 1
+        for split, tokens in (("train", self.corpus.train), ("val", self.corpus.val)):
+            if len(tokens) < window:
+                raise ValueError(
+                    f"the {split} split has {len(tokens)} tokens, fewer than one window of context_length + 1 = "
+                    f"{window}: use more text or a config with a smaller context_length"
+                )
+        self.config = config
+
+        _seed_everything(o.seed)  # every rank the same: identical init and identical data streams
+        if state is None:
+            with torch.device(ctx.device):
+                self.model = GPTModel(config)
+        else:
+            self.model = load_model(self.resume_from, device=ctx.device)
+        self.model.train()
+        self.wrapped = dist_utils.wrap_model(self.model, ctx, fsdp=o.fsdp)
+        self.forward = torch.compile(self.wrapped) if o.compile else self.wrapped
+        self.optimizer = build_optimizer(self.wrapped, lr=o.lr, weight_decay=o.weight_decay,
+                                         betas=(o.beta1, o.beta2))
+        self.sampler = WindowSampler(self.corpus.train, config.context_length, o.seed)
+        self.step = 0
+        self.best_step: int | None = None
+        self.best_val: float | None = None
+        if state is not None:
+            dist_utils.load_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+            restore_rng_state(state["rng"])
+            self.step = int(state["step"])
+            self.best_step, self.best_val = state.get("best_step"), state.get("best_val_loss")
+            self.log(f"resumed from {self.resume_from} at step {self.step}")
+        if self.step >= o.max_steps:
+            raise ValueError(f"the checkpoint is at step {self.step}, already >= max_steps={o.max_steps}: "
+                             f"raise --max-steps to train further")
+
+    # ------------------------------------------------------------------------------------------ steps
+    def batch(self, sampler: WindowSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the next global micro-batch, on the device: 2 x int64 [batch_size, C]."""
+        b, rank, world = self.o.batch_size, self.ctx.rank, self.ctx.world_size
+        x, y = sampler.sample(b * world, rows=slice(rank * b, (rank + 1) * b))
+        return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with _autocast(self.ctx.device, self.o.dtype):
+            logits = self.forward(x)  # [B, C, V]
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def train_step(self) -> tuple[float, float, float]:
+        """One optimizer step; returns (mean loss over the global batch, gradient norm, lr)."""
+        o = self.o
+        lr = lr_at(self.step, lr=o.lr, min_lr=self.min_lr, warmup_steps=o.warmup_steps, max_steps=o.max_steps)
+        set_lr(self.optimizer, lr)
+        total = torch.zeros((), device=self.ctx.device)
+        for micro in range(o.grad_accum):
+            x, y = self.batch(self.sampler)
+            dist_utils.set_gradient_sync(self.wrapped, micro == o.grad_accum - 1)
+            loss = self.loss(x, y)
+            (loss / o.grad_accum).backward()
+            total += loss.detach()
+        mean_loss = float(dist_utils.all_reduce_mean(total / o.grad_accum, self.ctx))
+        if o.grad_clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), o.grad_clip))
+        else:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), math.inf))
+        if not (math.isfinite(mean_loss) and math.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            kept = list_checkpoints(self.run_dir)
+            where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
+            raise TrainingDiverged(
+                f"step {self.step + 1}: the loss is {mean_loss} and the gradient norm {norm} (not finite); "
+                f"stopped before applying the update -- {where}; try a lower --lr or more --warmup-steps"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return mean_loss, norm, lr
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over ``eval_iters`` global batches of each split; the same windows at every eval (a fixed
+        seed, its own generator: the training streams are not touched)."""
+        self.wrapped.eval()
+        result = {}
+        for split, tokens in (("train", self.corpus.train), ("val", self.corpus.val)):
+            sampler = WindowSampler(tokens, self.config.context_length, self.o.seed + 1)
+            total = torch.zeros((), device=self.ctx.device)
+            for _ in range(self.o.eval_iters):
+                total += self.loss(*self.batch(sampler))
+            result[f"{split}_loss"] = float(dist_utils.all_reduce_mean(total / self.o.eval_iters, self.ctx))
+        self.wrapped.train()
+        return result
+
+    def sample(self) -> str:
+        """Greedy continuation of the prompt (default: the first line of the validation text). Every rank runs it
+        (an FSDP forward is collective); rank 0 prints it."""
+        prompt = self.o.sample_prompt
+        if prompt:
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in self.corpus.val[: min(16, self.config.context_length)]]
+        if not ids or self.o.sample_tokens == 0:
+            return ""
+        idx = torch.tensor([ids[-self.config.context_length:]], device=self.ctx.device)
+        with _autocast(self.ctx.device, self.o.dtype):
+            out = generate_greedy(self.model, idx, self.o.sample_tokens)
+        return self.tokenizer.decode(out[0].tolist())
+
+    def checkpoint(self) -> None:
+        """Every rank gathers the full state (a collective under FSDP); rank 0 writes it."""
+        model_state, optim_state = dist_utils.full_state(self.wrapped, self.optimizer)
+        if self.main:
+            state = {
+                "step": self.step,
+                "optimizer": optim_state,
+                "sampler": self.sampler.state_dict(),
+                "rng": capture_rng_state(),
+                "best_step": self.best_step,
+                "best_val_loss": self.best_val,
+                "options": {k: v for k, v in asdict(self.o).items() if isinstance(v, (int, float, str, bool))},
+            }
+            plain = self._plain_model(model_state)
+            save_checkpoint(self.run_dir, self.step, plain, self.tokenizer, state)
+            self.last_saved = plain
+            prune_checkpoints(self.run_dir, self.o.keep_last, {self.best_step} if self.best_step else set())
+        dist_utils.barrier(self.ctx)
+
+    def _plain_model(self, model_state: dict[str, torch.Tensor]) -> GPTModel:
+        """A CPU GPTModel holding ``model_state`` (the unsharded weights), for ``save_model``."""
+        if not self.ctx.distributed and self.ctx.device.type == "cpu" and not self.o.fsdp:
+            return self.model
+        with torch.device("meta"):
+            plain = GPTModel(self.config)
+        plain.load_state_dict(model_state, strict=True, assign=True)
+        if self.config.tie_weights:
+            plain.out_head.weight = plain.tok_emb.weight
+        return plain
+
+
+def train(options: TrainingOptions) -> TrainingResult:
+    """Run (or resume) training as ``options`` say; see ``TrainingOptions`` and the module docstring."""
+    run = _Run(options)
+    try:
+        return _train(run)
+    finally:
+        dist_utils.close_distributed(run.ctx)
+
+
+def _train(run: _Run) -> TrainingResult:
+    o, ctx = run.o, run.ctx
+    run.open_data()
+    run.build()
+    baseline = unigram_entropy(run.corpus.train, run.corpus.vocab_size)
+    per_token = flops_per_token(run.config)
+    peak = peak_flops(ctx.device, o.peak_tflops)
+    tokens_per_step = o.batch_size * o.grad_accum * ctx.world_size * run.config.context_length
+    checkpoint_every = o.checkpoint_every or o.eval_every
+    end = o.max_steps if o.stop_after is None else min(o.max_steps, o.stop_after)
+    log = MetricsLog(run.run_dir / "metrics.jsonl", run.step if run.resume_from else None) if run.main else None
+    run.log(f"model: {run.model.num_parameters():,} parameters, {run.config}; {ctx.world_size} process(es) on "
+            f"{ctx.device}; {tokens_per_step:,} tokens per step; unigram baseline {baseline:.3f} nats/token")
+
+    bar = tqdm(total=o.max_steps, initial=run.step, desc="train", disable=not (run.main and o.progress),
+               dynamic_ncols=True)
+    last_eval: dict[str, float] = {}
+    samples: list[str] = []
+    rate_window: list[tuple[float, int]] = []
+    tokens_per_second = None
+    t_last = time.perf_counter()
+    try:
+        while run.step < end:
+            loss, norm, lr = run.train_step()
+            now = time.perf_counter()
+            dt, t_last = now - t_last, now
+            rate_window = (rate_window + [(dt, tokens_per_step)])[-20:]
+            tokens_per_second = sum(n for _, n in rate_window) / max(1e-9, sum(t for t, _ in rate_window))
+            record: dict[str, Any] = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": norm,
+                                      "tokens_per_second": tokens_per_second, "step_seconds": dt,
+                                      "tflops": tokens_per_second * per_token / 1e12}
+            if peak is not None:
+                record["mfu"] = tokens_per_second * per_token / peak
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
+            is_last = run.step == end
+            if run.step % o.eval_every == 0 or is_last:
+                last_eval = run.evaluate()
+                record.update(last_eval)
+                if run.best_val is None or last_eval["val_loss"] < run.best_val:
+                    run.best_step, run.best_val = run.step, last_eval["val_loss"]
+                text = run.sample()
+                samples.append(text)
+                run.log(f"step {run.step}: train {last_eval['train_loss']:.4f}  val {last_eval['val_loss']:.4f}  "
+                        f"(unigram {baseline:.4f})  {tokens_per_second:,.0f} tok/s\n--- sample ---\n{text}\n---")
+            if log is not None:
+                log.append(record)
+                if "val_loss" in record:
+                    plot_losses(log.records, run.run_dir / "loss.png", baseline=baseline)
+            if run.step % checkpoint_every == 0 or is_last:
+                run.checkpoint()
+            t_last = time.perf_counter()  # eval and checkpoint time stay out of tokens/s
+    finally:
+        bar.close()
+
+    if run.step == o.max_steps and run.main:
+        # The finished model also goes into RUN_DIR itself, so `load_model(RUN_DIR)` and
+        # `tinygpt generate --model RUN_DIR` read it; summary.json names the best checkpoint.
+        export_model_files(run.last_saved, run.tokenizer, run.run_dir)
+        summary = {
+            "step": run.step,
+            "train_loss": last_eval.get("train_loss"),
+            "val_loss": last_eval.get("val_loss"),
+            "unigram_entropy": baseline,
+            "best_step": run.best_step,
+            "best_val_loss": run.best_val,
+            "best_checkpoint": f"step-{run.best_step}" if run.best_step else None,
+            "tokens_per_second": tokens_per_second,
+            "config": run.config.to_dict(),
+            "tokenizer": run.corpus.header["tokenizer"],
+        }
+        atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    dist_utils.barrier(ctx)
+    return TrainingResult(run.run_dir, run.step, last_eval.get("train_loss"), last_eval.get("val_loss"),
+                          run.best_step, run.best_val, baseline, tokens_per_second, samples)
