@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import torch
 
@@ -65,8 +66,22 @@ def load_config(directory: str | Path) -> GPTConfig:
     return GPTConfig.from_file(path)  # its errors already name the file and the key
 
 
-def _read_weights(path: Path, expected: dict[str, torch.Size], device: str, dtype: torch.dtype | None
-                  ) -> dict[str, torch.Tensor]:
+def check_names_and_shapes(source: str | Path, shapes: Mapping[str, Sequence[int]],
+                           expected: Mapping[str, Sequence[int]]) -> None:
+    """Raise a ``ValueError`` naming ``source`` and the first missing, unexpected or mis-shaped tensor."""
+    missing = sorted(set(expected) - set(shapes))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"{source}: missing tensor {missing[0]!r}{more}")
+    unexpected = sorted(set(shapes) - set(expected))
+    if unexpected:
+        raise ValueError(f"{source}: unexpected tensor {unexpected[0]!r} (not part of a GPTModel with this config)")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != tuple(shape):
+            raise ValueError(f"{source}: tensor {name!r} has shape {list(shapes[name])}, the config needs {list(shape)}")
+
+
+def _read_weights(path: Path, expected: dict[str, torch.Size], device: str) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     if not path.is_file():
@@ -76,28 +91,43 @@ def _read_weights(path: Path, expected: dict[str, torch.Size], device: str, dtyp
     except Exception as err:  # safetensors raises its own SafetensorError (not a ValueError) on a corrupt header
         raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
     with handle as f:
-        names = set(f.keys())
-        missing = sorted(set(expected) - names)
-        if missing:
-            raise ValueError(f"{path}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
-                                                                         if len(missing) > 1 else ""))
-        unexpected = sorted(names - set(expected))
-        if unexpected:
-            raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} (not part of a GPTModel with this config)")
-        for name, shape in expected.items():
-            actual = tuple(f.get_slice(name).get_shape())
-            if actual != tuple(shape):
-                raise ValueError(f"{path}: tensor {name!r} has shape {list(actual)}, the config needs {list(shape)}")
+        # Names and shapes come from the header: check them all before reading a single tensor.
+        check_names_and_shapes(path, {name: f.get_slice(name).get_shape() for name in f.keys()}, expected)
         state = {}
         for name in expected:
             try:
-                tensor = f.get_tensor(name)
+                state[name] = f.get_tensor(name)
             except Exception as err:
                 raise ValueError(f"{path}: cannot read tensor {name!r}: {err}") from None
-            if not tensor.is_floating_point():
-                raise ValueError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
-            state[name] = tensor if dtype is None else tensor.to(dtype)
     return state
+
+
+def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], *, source: str | Path,
+                          device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPTModel:
+    """A ``GPTModel`` whose parameters *are* the tensors of ``state`` (moved/cast only when asked), in eval mode.
+
+    ``state`` is consumed (its entries are replaced one by one, so a cast never holds two full copies). It must
+    hold exactly the persistent tensors of ``GPTModel(config)``, without ``out_head.weight`` when tied; anything
+    else is a ``ValueError`` naming ``source`` and the key.
+    """
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = GPTModel(config)  # shapes only: no memory, no random init cost
+    check_names_and_shapes(source, {name: t.shape for name, t in state.items()}, _expected_shapes(model))
+    for name in list(state):
+        tensor = state[name]
+        if not tensor.is_floating_point():
+            raise ValueError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
+        state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+    donor = _buffer_donor(config, device)
+    if config.tie_weights:
+        state[_TIED_KEY] = state["tok_emb.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_weights:
+        model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
+    _materialise_buffers(model, donor, model.tok_emb.weight.dtype)
+    state.clear()
+    return model.eval()
 
 
 def _buffer_donor(config: GPTConfig, device: torch.device) -> dict[str, torch.Tensor]:
@@ -139,17 +169,11 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
     if not directory.is_dir():
         raise ValueError(f"checkpoint directory {directory} does not exist")
     config = load_config(directory)
-    donor = _buffer_donor(config, torch.device(device))
     with torch.device("meta"):
-        model = GPTModel(config)  # shapes only: no memory, no random init cost
-    state = _read_weights(directory / WEIGHTS_FILE, _expected_shapes(model), str(device), dtype)
-    if config.tie_weights:
-        state[_TIED_KEY] = state["tok_emb.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_weights:
-        model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
-    _materialise_buffers(model, donor, state["tok_emb.weight"].dtype)
-    return model.eval()
+        expected = _expected_shapes(GPTModel(config))
+    path = directory / WEIGHTS_FILE
+    state = _read_weights(path, expected, str(device))
+    return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 
 
 def load_checkpoint_tokenizer(directory: str | Path) -> Tokenizer | None:
