@@ -2,6 +2,10 @@
 
 Seed 000 §6.1: the sizes constrain each other -- ``emb_dim % n_heads == 0``, token ids ``< vocab_size``,
 positions ``< context_length``. The config is checked once, when it is built; everything downstream trusts it.
+
+Seed 002 §5 notes that the same skeleton with RMSNorm and SiLU is the LLaMA family; the switches ``norm``, ``ffn``,
+``bias``, ``pos_emb`` and ``n_kv_heads`` select those variants. Their defaults are GPT-2's, so a config dict written
+before they existed loads unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from typing import Any
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers")
 _DROPOUT_FIELDS = ("drop_rate", "drop_rate_emb", "drop_rate_attn", "drop_rate_shortcut")
-_BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln")
+_BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln", "bias")
+_CHOICES = {
+    "norm": ("layernorm", "rmsnorm"),
+    "ffn": ("gelu", "relu", "silu", "swiglu"),
+    "pos_emb": ("learned", "rope"),
+}
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,21 @@ class GPTConfig:
 
     ``drop_rate_emb`` / ``drop_rate_attn`` / ``drop_rate_shortcut`` fall back to ``drop_rate`` when left as
     ``None`` (seed 000 §6.5: one rate by default, three independent ones in the exercise).
+
+    Architecture variants (defaults = GPT-2):
+
+    - ``norm``: ``layernorm`` (scale and shift) or ``rmsnorm`` (scale only, LLaMA); ``norm_eps`` for both.
+    - ``ffn``: ``gelu`` (tanh GELU) / ``relu`` / ``silu`` with widths D -> F -> D, or ``swiglu`` (LLaMA):
+      down(silu(gate(x)) * up(x)). ``ffn_hidden`` is F; ``None`` means 4D for the non-gated ones and, for SwiGLU,
+      the smallest multiple of 8 >= 8D/3: its three F x D matrices then hold about the 8D^2 weights of the 4D
+      two-matrix FFN (Shazeer's 2/3 rule, as LLaMA does; LLaMA also rounds, to 256).
+    - ``bias``: the biases of the attention output projection and the FFN linears and the LayerNorm shift.
+      ``qkv_bias`` alone governs the QKV projection (GPT-2 released has both; Qwen2 has only ``qkv_bias``).
+      RMSNorm has no shift, so ``bias=True`` adds none there. The head is always bias-free.
+    - ``pos_emb``: ``learned`` (a [C, D] table added to the token embeddings) or ``rope`` (rotary embeddings on q
+      and k, base ``rope_theta``; no position parameter; needs an even head_dim).
+    - ``n_kv_heads``: grouped-query attention, each key/value head shared by n_heads / n_kv_heads query heads;
+      ``None`` means n_heads (plain multi-head attention). Must divide n_heads.
     """
 
     vocab_size: int = 50257  # V
@@ -37,6 +61,14 @@ class GPTConfig:
     qkv_bias: bool = False
     tie_weights: bool = False
     pre_ln: bool = True
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    ffn: str = "gelu"
+    ffn_hidden: int | None = None
+    bias: bool = True
+    pos_emb: str = "learned"
+    rope_theta: float = 10000.0
+    n_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
@@ -58,10 +90,46 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r} must be true or false")
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of: {', '.join(allowed)}")
+        for name in ("norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}={value!r} must be a positive number")
+        for name in ("ffn_hidden", "n_kv_heads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name}={value!r} must be a positive integer or null")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
+                f"(each key/value head serves a whole group of query heads)"
+            )
+        if self.pos_emb == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(
+                f"pos_emb='rope' needs an even head_dim, but emb_dim={self.emb_dim} // n_heads={self.n_heads} "
+                f"= {self.head_dim} (rotary embeddings rotate pairs of features)"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.emb_dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when it is ``None``."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """The FFN's hidden width F: ``ffn_hidden``, else 4D, or for SwiGLU the multiple of 8 at or above 8D/3."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if self.ffn == "swiglu":
+            return 8 * -(-self.emb_dim // 3)  # 8 * ceil(D / 3) == the smallest multiple of 8 >= 8D/3
+        return 4 * self.emb_dim
 
     @property
     def emb_dropout(self) -> float:
@@ -135,6 +203,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-medium": dict(_GPT2, emb_dim=1024, n_heads=16, n_layers=24),
     "gpt2-large": dict(_GPT2, emb_dim=1280, n_heads=20, n_layers=36),
     "gpt2-xl": dict(_GPT2, emb_dim=1600, n_heads=25, n_layers=48),
+    # The LLaMA recipe at test size: RMSNorm, SwiGLU, no biases, RoPE, 2 query heads per key/value head.
+    "llama-tiny": dict(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_kv_heads=2, n_layers=2,
+                       drop_rate=0.0, norm="rmsnorm", ffn="swiglu", bias=False, pos_emb="rope"),
 }
 
 

@@ -15,8 +15,10 @@ from .config import GPTConfig
 class KVCache:
     """Keys and values of every layer for ``batch_size`` rows and up to ``context_length`` positions.
 
-    ``keys[layer]`` / ``values[layer]``: [B, H, C, D/H]. ``length`` counts the positions written so far; the model's
-    forward writes positions ``start_pos .. start_pos + T - 1`` and attends over ``0 .. start_pos + T - 1``.
+    ``keys[layer]`` / ``values[layer]``: [B, Hkv, C, D/H], Hkv = ``config.kv_heads`` (= H unless the model uses
+    grouped-query attention, whose cache holds only the shared key/value heads). ``length`` counts the positions
+    written so far; the model's forward writes positions ``start_pos .. start_pos + T - 1`` and attends over
+    ``0 .. start_pos + T - 1``.
     """
 
     def __init__(
@@ -33,7 +35,7 @@ class KVCache:
         self.max_length = config.context_length if max_length is None else max_length
         if not 1 <= self.max_length <= config.context_length:
             raise ValueError(f"max_length={max_length} must be in [1, context_length={config.context_length}]")
-        shape = (batch_size, config.n_heads, self.max_length, config.head_dim)
+        shape = (batch_size, config.kv_heads, self.max_length, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.length = 0
@@ -45,8 +47,18 @@ class KVCache:
     def update(
         self, layer: int, start_pos: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, H, T, D/H] at ``start_pos`` and return all keys/values so far, [B, H, start_pos+T, D/H]."""
+        """Write k, v [B, H, T, D/H] at ``start_pos`` and return all keys/values so far, [B, H, start_pos+T, D/H].
+
+        Positions after ``start_pos + T`` may hold stale entries from an earlier, longer fill; they are never
+        returned, so refilling from position 0 (a re-prefill) needs no clearing.
+        """
         end = start_pos + k.shape[2]
+        if start_pos < 0 or end > self.max_length:
+            raise ValueError(
+                f"positions {start_pos}..{end - 1} do not fit the cache of max_length={self.max_length}"
+            )
+        if k.shape[0] != self.batch_size:
+            raise ValueError(f"batch of {k.shape[0]} rows does not match the cache's batch_size={self.batch_size}")
         self.keys[layer][:, :, start_pos:end] = k
         self.values[layer][:, :, start_pos:end] = v
         if layer == len(self.keys) - 1:

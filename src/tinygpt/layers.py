@@ -1,7 +1,9 @@
 """The building blocks of the GPT, each written from scratch as the seeds describe them.
 
 LayerNorm (seed 000 §6.2), GELU and the feed-forward network (§6.3), causal multi-head attention (seed 002), and
-the transformer block in its pre-LN and post-LN orders (§6.5, seed 002).
+the transformer block in its pre-LN and post-LN orders (§6.5, seed 002). The LLaMA-family swaps of seed 002's
+exercises ride on the same classes: RMSNorm, SiLU/SwiGLU, bias-free linears, RoPE (``rope.py``) and grouped-query
+attention, each chosen by a ``GPTConfig`` field.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 
 from .config import GPTConfig
 from .kv_cache import KVCache
+from .rope import apply_rope
 
 
 class LayerNorm(nn.Module):
@@ -21,18 +24,49 @@ class LayerNorm(nn.Module):
 
     LN(x)_j = scale_j * (x_j - mean) / sqrt(var + eps) + shift_j, with the *biased* variance (divide by D, not
     D - 1): for x = [1, 3] this gives [-1, 1]. Positions and batch rows never mix.
+    With ``bias=False`` there is no shift parameter (``shift`` is ``None``), as in bias-free models.
+    """
+
+    def __init__(self, emb_dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(emb_dim))
+        if bias:
+            self.shift = nn.Parameter(torch.zeros(emb_dim))
+        else:
+            self.register_parameter("shift", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1], divides by D
+        normed = self.scale * (x - mean) / torch.sqrt(var + self.eps)
+        return normed if self.shift is None else normed + self.shift
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019; LLaMA): [..., D] -> [..., D], same shape (seed 002, exercise 2).
+
+    RMS(x)_j = scale_j * x_j / sqrt(mean(x^2) + eps): LayerNorm without the mean subtraction and without a shift,
+    so it rescales each position but does not re-centre it. The statistic is computed in at least float32 (half
+    precision inputs are upcast, as HF Llama does; float64 stays float64) and the result cast back.
     """
 
     def __init__(self, emb_dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
         self.scale = nn.Parameter(torch.ones(emb_dim))
-        self.shift = nn.Parameter(torch.zeros(emb_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
-        var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1], divides by D
-        return self.scale * (x - mean) / torch.sqrt(var + self.eps) + self.shift
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # mean over D: [..., 1]
+        return self.scale * h.to(x.dtype)
+
+
+def make_norm(config: GPTConfig) -> LayerNorm | RMSNorm:
+    """The norm ``config.norm`` names, of width D with ``config.norm_eps`` (LayerNorm's shift follows ``bias``)."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.emb_dim, eps=config.norm_eps)
+    return LayerNorm(config.emb_dim, eps=config.norm_eps, bias=config.bias)
 
 
 def gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
@@ -55,13 +89,36 @@ class GELU(nn.Module):
         return F.gelu(x, approximate="tanh")
 
 
+class SwiGLU(nn.Module):
+    """[..., 2F] -> [..., F]: silu(gate) * up, gate and up being the two halves of one fused projection's output.
+
+    Fusing LLaMA's gate_proj and up_proj into one D -> 2F linear is the FFN's analogue of the fused QKV projection.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)  # 2 x [..., F]
+        return F.silu(gate) * up
+
+
+_ACTIVATIONS = {"gelu": GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
 class FeedForward(nn.Module):
-    """Position-wise FFN(x) = GELU(x W1 + b1) W2 + b2, widths D -> 4D -> D. [B, T, D] -> [B, T, D]."""
+    """Position-wise FFN(x) = GELU(x W1 + b1) W2 + b2, widths D -> 4D -> D. [B, T, D] -> [B, T, D].
+
+    ``config.ffn`` swaps the activation (ReLU, SiLU) or makes it gated: with ``swiglu`` the first linear is
+    D -> 2F (gate and up fused) and FFN(x) = (silu(x W_gate) * (x W_up)) W_down. F = ``config.ffn_dim``; the
+    biases follow ``config.bias``. ``layers[2]`` is always the projection back into the residual stream.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        d = config.emb_dim
-        self.layers = nn.Sequential(nn.Linear(d, 4 * d), GELU(), nn.Linear(4 * d, d))
+        d, f, bias = config.emb_dim, config.ffn_dim, config.bias
+        if config.ffn == "swiglu":
+            self.layers = nn.Sequential(nn.Linear(d, 2 * f, bias=bias), SwiGLU(), nn.Linear(f, d, bias=bias))
+        else:
+            activation = _ACTIVATIONS[config.ffn]()
+            self.layers = nn.Sequential(nn.Linear(d, f, bias=bias), activation, nn.Linear(f, d, bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
@@ -72,15 +129,19 @@ class MultiHeadAttention(nn.Module):
 
     Query i may only look at keys j <= i (its own absolute position and earlier). The causal mask is a boolean
     [C, C] buffer registered once and kept out of the state dict (it is derived from C, not learned).
+
+    Grouped-query attention: with Hkv = ``config.kv_heads`` < H key/value heads, the fused projection is
+    D -> (H + 2 Hkv) * hd and query head h reads key/value head h // (H / Hkv); the cache holds only the Hkv heads.
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
+        self.n_kv_heads = config.kv_heads
         self.head_dim = config.head_dim
         d = config.emb_dim
-        self.qkv = nn.Linear(d, 3 * d, bias=config.qkv_bias)
-        self.out_proj = nn.Linear(d, d)
+        self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=config.qkv_bias)
+        self.out_proj = nn.Linear(d, d, bias=config.bias)
         self.dropout_p = config.attn_dropout
         self.dropout = nn.Dropout(config.attn_dropout)
         causal = torch.tril(torch.ones(config.context_length, config.context_length, dtype=torch.bool))
@@ -95,6 +156,7 @@ class MultiHeadAttention(nn.Module):
         start_pos: int = 0,
         key_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: [B, T, D] at absolute positions start_pos .. start_pos+T-1.
 
@@ -102,35 +164,55 @@ class MultiHeadAttention(nn.Module):
         ``key_mask``: [B, S] booleans over all S = start_pos + T key positions, False for padding.
         ``return_weights``: also return the attention weights [B, H, T, S] (the explicit path; the default path
         runs ``scaled_dot_product_attention``, which computes the same thing without materialising them).
+        ``rope``: the (cos, sin) tables of this call's positions, [T, hd] or [B, T, hd], from ``RotaryEmbedding``;
+        q and k are rotated before k enters the cache.
         """
         b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)  # 3 x [B, T, D]
+        kv_dim = self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split((d, kv_dim, kv_dim), dim=2)  # [B, T, D], 2 x [B, T, Hkv*hd]
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = k.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        v = v.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(layer, start_pos, k, v)  # [B, H, S, hd], S = start_pos + T
         s = k.shape[2]
+        past = s - t  # keys before this call's: start_pos with a cache, 0 without (positions alone shift nothing)
 
-        allowed = None  # [T, S] or [B, 1, T, S]; None means plain causal with S == T
-        if start_pos != 0 or key_mask is not None or return_weights:
-            allowed = self.causal_mask[start_pos : start_pos + t, :s]  # query at start_pos+i sees keys <= it
+        # allowed: [T, S] or [B, 1, T, S]; None means "every query sees every key up to itself" without a mask
+        # tensor: plain causal when S == T, and all keys for the one query of a cached decode step (T == 1).
+        allowed = None
+        if key_mask is not None or return_weights or (past != 0 and t > 1):
+            allowed = self.causal_mask[past : past + t, :s]  # query past+i sees keys <= past+i
             if key_mask is not None:
-                allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T, S]
+                # A left-padding query sees no real key at all; softmax over an empty set is NaN (SDPA may return
+                # it), and NaN hidden states become NaN keys/values that 0 * NaN leaks into real rows. Letting
+                # every query also see its own key keeps the padding rows finite; real queries see themselves
+                # anyway, so their result is unchanged.
+                query_pos = torch.arange(past, past + t, device=x.device)[:, None]  # [T, 1]
+                own = torch.arange(s, device=x.device) == query_pos  # [T, S]
+                allowed = (allowed & key_mask[:, None, None, :]) | own  # [B, 1, T, S]
 
+        groups = self.n_heads // self.n_kv_heads
         if return_weights:
+            if groups > 1:  # share each key/value head with its group of queries: [B, Hkv, S, hd] -> [B, H, S, hd]
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, T, S]
             scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
-            # A padded query row may have no allowed key at all: its weights are NaN; make them 0.
-            weights = torch.nan_to_num(weights, nan=0.0)
+            weights = torch.softmax(scores, dim=-1)  # every row has >= 1 allowed key (its own), so no NaN
             context = self.dropout(weights) @ v  # [B, H, T, hd]
         else:
             dropout_p = self.dropout_p if self.training else 0.0
             if allowed is None:
-                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=t > 1)
+                causal = t > 1  # T > 1 here only when S == T
+                context = F.scaled_dot_product_attention(
+                    q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=groups > 1
+                )
             else:
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+                context = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=groups > 1
+                )
         out = self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # [B, T, D]
         return (out, weights) if return_weights else out
 
@@ -148,8 +230,8 @@ class TransformerBlock(nn.Module):
         self.pre_ln = config.pre_ln if pre_ln is None else pre_ln
         self.att = MultiHeadAttention(config)
         self.ff = FeedForward(config)
-        self.norm1 = LayerNorm(config.emb_dim)
-        self.norm2 = LayerNorm(config.emb_dim)
+        self.norm1 = make_norm(config)
+        self.norm2 = make_norm(config)
         self.drop_shortcut = nn.Dropout(config.shortcut_dropout)
 
     def forward(
@@ -160,8 +242,9 @@ class TransformerBlock(nn.Module):
         layer: int = 0,
         start_pos: int = 0,
         key_mask: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        attn_kwargs = dict(cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask)
+        attn_kwargs = dict(cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask, rope=rope)
         if self.pre_ln:
             u = x + self.drop_shortcut(self.att(self.norm1(x), **attn_kwargs))
             return u + self.drop_shortcut(self.ff(self.norm2(u)))
