@@ -5,7 +5,9 @@ Seed 000 §6.8: equal parameter counts do not prove equal computation; copy the 
 
 References (test extras, never runtime dependencies):
 - ``upstream``: ``llms_from_scratch.ch04.GPTModel`` (the seeds' upstream), with its three separate Q/K/V linears;
-- ``hf``: ``transformers.GPT2LMHeadModel`` (pre-LN) and ``transformers.OpenAIGPTModel`` (GPT-1, post-LN).
+- ``hf``: ``transformers.GPT2LMHeadModel`` (pre-LN), ``transformers.OpenAIGPTModel`` (GPT-1, post-LN) and
+  ``transformers.LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE, GQA, no bias), the last imported through
+  ``tinygpt.interop.llama``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from .config import GPTConfig, get_config
 from .generation import generate_greedy
 from .interop.hf import block_to_hf, tinygpt_to_gpt2
+from .interop.llama import from_llama_state_dict
+from .kv_cache import KVCache
 from .model import GPTModel
 
 REFERENCE_PACKAGES = {"upstream": "llms_from_scratch", "hf": "transformers"}
@@ -200,6 +204,67 @@ def check_hf_openai_gpt(config: GPTConfig, dtype: torch.dtype, tolerance: float,
                        str(dtype).removeprefix("torch."), diff, tolerance, None)
 
 
+def _greedy_cached(model: GPTModel, idx: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding through the KV cache: one prefill, then one token per forward at its explicit start_pos."""
+    cache = KVCache(model.config, idx.shape[0], dtype=model.tok_emb.weight.dtype)
+    with torch.no_grad():
+        logits = model(idx, cache=cache, last_only=True)
+        for _ in range(steps):
+            next_id = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+            idx = torch.cat((idx, next_id), dim=1)
+            if idx.shape[1] < model.config.context_length:
+                logits = model(next_id, cache=cache, start_pos=idx.shape[1] - 1, last_only=True)
+    return idx
+
+
+def _rmsnorm_in_input_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF's LlamaRMSNorm formula without its float32 cast: weight * x / sqrt(mean(x^2) + eps), in x's dtype."""
+    return module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
+
+
+def check_hf_llama(tied: bool, dtype: torch.dtype, tolerance: float, seed: int = 123) -> CheckResult:
+    """Import a tiny random ``transformers.LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE theta 500, 6 query heads over
+    2 key/value heads, no bias) through ``interop.llama``; compare logits, and greedy tokens of the reference, of
+    tinygpt without a cache and of tinygpt with its KV cache (all three must agree).
+
+    HF's RMSNorm computes in float32 even in a float64 model (~1e-7 from exact); in float64 that one cast is lifted
+    on the reference's norm instances, so the check measures everything else to ~1e-15.
+    """
+    _require("transformers", "transformers")
+    import types
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    hf_config = LlamaConfig(
+        vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=500.0,
+        tie_word_embeddings=tied, attention_bias=False, mlp_bias=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    ref = LlamaForCausalLM(hf_config).to(dtype).eval()
+    with torch.no_grad():  # HF inits the norms to 1: perturb them so the scales are really checked
+        for name, p in ref.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    if dtype == torch.float64:
+        for module in ref.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.forward = types.MethodType(_rmsnorm_in_input_dtype, module)
+    ours = from_llama_state_dict(ref.config, ref.state_dict())
+    config = ours.config
+    idx = _inputs(config, seed)
+    with torch.no_grad():
+        diff = _max_diff(ours(idx), ref(idx).logits)
+    steps = min(10, config.context_length - idx.shape[1])
+    expected = _greedy_reference(ref, idx, steps, config.context_length)
+    tokens_match = torch.equal(generate_greedy(ours, idx, steps), expected) and torch.equal(
+        _greedy_cached(ours, idx, steps), expected)
+    norm = "RMSNorm float32 cast lifted, " if dtype == torch.float64 else ""
+    return CheckResult(f"transformers LlamaForCausalLM ({norm}cached + uncached greedy), {_describe(config)} "
+                       f"H_kv={config.kv_heads}", str(dtype).removeprefix("torch."), diff, tolerance, tokens_match)
+
+
 def _load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load ``state``, allowing only non-persistent buffers to be absent; anything else is an error."""
     result = model.load_state_dict(state, strict=False)
@@ -217,7 +282,8 @@ def verify_upstream() -> list[CheckResult]:
 
 
 def verify_hf() -> list[CheckResult]:
-    """GPT-2 (pre-LN) and GPT-1 (post-LN) from small random configs, float64 (<= 1e-10) and float32 (<= 1e-5)."""
+    """GPT-2 (pre-LN), GPT-1 (post-LN) and Llama (untied and tied) from small random configs, float64 (<= 1e-10)
+    and float32 (<= 1e-5)."""
     gpt2 = GPTConfig(vocab_size=96, context_length=32, emb_dim=48, n_heads=4, n_layers=3,
                      qkv_bias=True, tie_weights=True)
     gpt1 = gpt2.replace(pre_ln=False, tie_weights=False)
@@ -225,6 +291,7 @@ def verify_hf() -> list[CheckResult]:
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
         results.append(check_hf_gpt2(gpt2, dtype, tol))
         results.append(check_hf_openai_gpt(gpt1, dtype, tol))
+        results.extend(check_hf_llama(tied, dtype, tol) for tied in (False, True))
     return results
 
 
