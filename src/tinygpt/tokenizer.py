@@ -25,6 +25,7 @@ from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with
 ENDOFTEXT = "<|endoftext|>"
 DESCRIPTOR = "tokenizer.json"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
+HF_GPT2_FILES = ("vocab.json", "merges.txt")  # a Hugging Face GPT-2 folder holds the same two files under these names
 GPT2_VOCAB_ENV = "TINYGPT_GPT2_VOCAB"
 DEFAULT_BPE_VOCAB = 4096
 TOKENIZER_SPECS = ("gpt2", "char", "bpe", "bpe:VOCAB")
@@ -91,8 +92,8 @@ def _write_descriptor(directory: Path, data: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------------ GPT-2
 class GPT2Tokenizer(Tokenizer):
-    """GPT-2's byte-level BPE via a ``tiktoken.Encoding``. ``source_dir`` is where encoder.json/vocab.bpe came from
-    (None when tiktoken loaded them from its cache or the network)."""
+    """GPT-2's byte-level BPE via a ``tiktoken.Encoding``. ``source_dir`` is where encoder.json/vocab.bpe (or
+    their Hugging Face names vocab.json/merges.txt) came from; None when tiktoken loaded them from its cache."""
 
     kind = "gpt2"
 
@@ -124,8 +125,8 @@ class GPT2Tokenizer(Tokenizer):
         for name in GPT2_FILES:
             target = directory / name
             if self.source_dir is not None:
-                if (self.source_dir / name).resolve() != target.resolve():
-                    source = self.source_dir / name
+                source = self.source_dir / _gpt2_file_names(self.source_dir)[GPT2_FILES.index(name)]
+                if source.resolve() != target.resolve():
                     atomic_write_with(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
             else:
                 atomic_write_bytes(target, _read_tiktoken_cached(name))
@@ -149,27 +150,37 @@ _GPT2_HELP = (
 )
 
 
+def _gpt2_file_names(directory: Path) -> tuple[str, str]:
+    """(encoder, merges) file names in ``directory``: OpenAI's names, or the same files as Hugging Face names them."""
+    for names in (GPT2_FILES, HF_GPT2_FILES):
+        if all((directory / name).is_file() for name in names):
+            return names
+    if not directory.is_dir():
+        raise GPT2VocabularyError(f"GPT-2 vocabulary directory {directory} does not exist; {_GPT2_HELP}")
+    raise GPT2VocabularyError(
+        f"{directory} holds neither encoder.json + vocab.bpe nor vocab.json + merges.txt; {_GPT2_HELP}"
+    )
+
+
 def _encoding_from_dir(directory: Path) -> Any:
     """Recipe A of shared/data/README.md: build the tiktoken encoding straight from the two local files."""
     import tiktoken
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    missing = [name for name in GPT2_FILES if not (directory / name).is_file()]
-    if missing:
-        raise GPT2VocabularyError(f"{directory} lacks {' and '.join(missing)}; {_GPT2_HELP}")
+    encoder_file, merges_file = _gpt2_file_names(directory)
     # An empty TIKTOKEN_CACHE_DIR turns tiktoken's cache off, so it does not store copies of local files.
     saved = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = ""
     try:
         ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
-            vocab_bpe_file=str(directory / "vocab.bpe"), encoder_json_file=str(directory / "encoder.json")
+            vocab_bpe_file=str(directory / merges_file), encoder_json_file=str(directory / encoder_file)
         )
         return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                                  special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)
     except (AssertionError, ValueError, KeyError, UnicodeDecodeError) as err:
         raise GPT2VocabularyError(
-            f"{directory}: encoder.json and vocab.bpe are not a valid GPT-2 vocabulary ({type(err).__name__}: {err})"
+            f"{directory}: {encoder_file} and {merges_file} are not a valid GPT-2 vocabulary ({type(err).__name__}: {err})"
         ) from None
     finally:
         if saved is None:
@@ -348,3 +359,17 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         except Exception as err:  # tokenizers raises its own Exception type for any parse failure
             raise ValueError(f"{file}: cannot load the BPE tokenizer ({err})") from None
     raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; allowed: gpt2, char, bpe")
+
+
+def tokenizer_from_dir(directory: str | Path) -> Tokenizer:
+    """A tokenizer saved by tinygpt (``tokenizer.json`` descriptor) or, failing that, GPT-2's from the files there."""
+    directory = Path(directory)
+    descriptor = directory / DESCRIPTOR
+    if descriptor.is_file():
+        try:
+            is_ours = json.loads(descriptor.read_text(encoding="utf-8")).get("format") == "tinygpt-tokenizer"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            is_ours = False  # e.g. a Hugging Face fast-tokenizer file of the same name
+        if is_ours:
+            return load_tokenizer(directory)
+    return gpt2_tokenizer(directory)

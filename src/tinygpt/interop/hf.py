@@ -17,9 +17,16 @@ GPT-1 (``OpenAIGPTModel``, post-LN) uses the same block names without the ``tran
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
 import torch
 
 from ..config import GPTConfig
+from ..model import GPTModel
 
 _NORMS = {"ln_1": "norm1", "ln_2": "norm2"}
 _LINEARS = {"attn.c_attn": "att.qkv", "attn.c_proj": "att.out_proj", "mlp.c_fc": "ff.layers.0", "mlp.c_proj": "ff.layers.2"}
@@ -80,3 +87,258 @@ def tinygpt_to_gpt2(ours: dict[str, torch.Tensor], config: GPTConfig) -> dict[st
     for i in range(config.n_layers):
         out.update(block_to_hf(ours, f"trf_blocks.{i}.", f"transformer.h.{i}."))
     return out
+
+
+# ------------------------------------------------------------------------------------------------ folders
+# Hugging Face GPT-2 folders (``GPT2LMHeadModel.save_pretrained`` or a hub snapshot) <-> GPTModel.
+
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt")  # the same content as GPT-2's encoder.json / vocab.bpe
+_IGNORED_BUFFERS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers that old transformers versions saved
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# HF config fields that change what the model computes, with the only values tinygpt computes the same way.
+_REQUIRED_HF_VALUES: dict[str, tuple[Any, ...]] = {
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both are the tanh GELU of layers.GELU
+    "layer_norm_epsilon": (1e-5,),  # layers.LayerNorm's eps
+    "scale_attn_weights": (True,),  # scores / sqrt(head_dim)
+    "scale_attn_by_inverse_layer_idx": (False,),  # an extra 1 / (layer + 1) on the scores
+    "add_cross_attention": (False,),  # encoder-decoder blocks
+    "model_type": ("gpt2",),
+}
+# reorder_and_upcast_attn only changes the precision of the same product (fp16 training); ignored.
+
+
+def hf_config_to_tinygpt(hf: dict[str, Any], source: str | Path = "config.json") -> GPTConfig:
+    """A Hugging Face ``GPT2Config`` dict -> ``GPTConfig`` (qkv_bias=True, tie_weights from the config).
+
+    Fields that change the computation and that tinygpt does not implement are a ``ValueError`` naming them.
+    """
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source}: a config must be a JSON object")
+    for name, allowed in _REQUIRED_HF_VALUES.items():
+        if name in hf and hf[name] not in allowed:
+            raise ValueError(
+                f"{source}: {name}={hf[name]!r} is not supported by tinygpt (supported: "
+                f"{', '.join(map(repr, allowed))})"
+            )
+    if hf.get("pruned_heads"):
+        raise ValueError(f"{source}: pruned_heads={hf['pruned_heads']!r} is not supported (every head is kept)")
+    architectures = hf.get("architectures") or ["GPT2LMHeadModel"]
+    unknown = [a for a in architectures if a not in ("GPT2LMHeadModel", "GPT2Model")]
+    if unknown:
+        raise ValueError(f"{source}: architectures={unknown} is not supported (GPT2LMHeadModel or GPT2Model only)")
+    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in hf]
+    if missing:
+        raise ValueError(f"{source}: missing GPT-2 config field(s) {', '.join(missing)}")
+    d = hf["n_embd"]
+    if hf.get("n_inner") not in (None, 4 * d if isinstance(d, int) else None):
+        raise ValueError(f"{source}: n_inner={hf['n_inner']!r} is not supported (tinygpt's feed-forward is 4*n_embd)")
+    if hf.get("n_ctx", hf["n_positions"]) != hf["n_positions"]:
+        raise ValueError(f"{source}: n_ctx={hf['n_ctx']} differs from n_positions={hf['n_positions']}")
+    # GPT2Config's defaults are 0.1; the residual rate is our drop_rate and the others are set only where they differ.
+    resid, emb, attn = (hf.get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
+    try:
+        return GPTConfig(
+            vocab_size=hf["vocab_size"], context_length=hf["n_positions"], emb_dim=d, n_heads=hf["n_head"],
+            n_layers=hf["n_layer"], drop_rate=resid, drop_rate_emb=None if emb == resid else emb,
+            drop_rate_attn=None if attn == resid else attn,
+            qkv_bias=True, tie_weights=bool(hf.get("tie_word_embeddings", True)), pre_ln=True,
+        )
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: {err}") from None
+
+
+def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
+    """``GPTConfig`` -> a ``GPT2Config`` dict. Fields GPT-2 has no equivalent for must hold their defaults."""
+    if not config.pre_ln:
+        raise ValueError("GPT-2 is pre-LN: a post-LN model (pre_ln=False) cannot be exported as GPT2LMHeadModel")
+    handled = {"vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "drop_rate_emb",
+               "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln"}
+    for f in dataclasses.fields(GPTConfig):
+        if f.name not in handled and getattr(config, f.name) != f.default:
+            raise ValueError(f"{f.name}={getattr(config, f.name)!r} has no GPT-2 equivalent (GPT-2 needs {f.default!r})")
+    eot = 50256 if config.vocab_size == 50257 else None
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.emb_dim,
+        "n_layer": config.n_layers, "n_head": config.n_heads, "n_inner": None,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": config.shortcut_dropout, "embd_pdrop": config.emb_dropout, "attn_pdrop": config.attn_dropout,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": config.tie_weights, "initializer_range": 0.02,
+        "bos_token_id": eot, "eos_token_id": eot, "use_cache": True,
+    }
+
+
+def _hf_name_to_ours(name: str, n_layers: int) -> tuple[str, bool] | None:
+    """A GPT-2 tensor name (no ``transformer.`` prefix) -> (our name, transpose?); None for an ignored buffer."""
+    top = {"wte.weight": "tok_emb.weight", "wpe.weight": "pos_emb.weight", "ln_f.weight": "final_norm.scale",
+           "ln_f.bias": "final_norm.shift", "lm_head.weight": "out_head.weight"}
+    if name in top:
+        return top[name], False
+    match = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", name)
+    if match and int(match[1]) < n_layers:
+        layer, module, kind = int(match[1]), match[2], match[3]
+        prefix = f"trf_blocks.{layer}."
+        if module in _NORMS:
+            return f"{prefix}{_NORMS[module]}.{'scale' if kind == 'weight' else 'shift'}", False
+        if module in _LINEARS:
+            return f"{prefix}{_LINEARS[module]}.{kind}", kind == "weight"  # Conv1D [in, out] -> Linear [out, in]
+    if re.fullmatch(r"h\.\d+\.(attn\.bias|attn\.masked_bias)", name):
+        return None
+    raise ValueError(f"unexpected tensor {name!r}: not part of a GPT-2 model tinygpt understands")
+
+
+def _hf_weights_path(directory: Path) -> Path:
+    for name in HF_WEIGHT_FILES:
+        if (directory / name).is_file():
+            return directory / name
+    if (directory / "model.safetensors.index.json").is_file():
+        raise ValueError(f"{directory}: sharded checkpoints (model.safetensors.index.json) are not supported")
+    raise ValueError(f"{directory} holds no GPT-2 weights: expected {' or '.join(HF_WEIGHT_FILES)}")
+
+
+def _read_hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of an HF weights file, one tensor in memory at a time where the format allows."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as err:  # SafetensorError is not a ValueError
+            raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
+        with handle as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+        return
+    # weights_only: tensors and plain containers only, never arbitrary objects. mmap avoids a second copy in
+    # memory; files from before torch 1.6's zip format cannot be mapped and are read whole.
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as err:
+            if "mmap" not in str(err):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError / RuntimeError for anything but plain tensors
+        raise ValueError(f"{path}: cannot be read as plain tensors (weights_only=True): {err}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a dict of tensors")
+    while state:
+        name = next(iter(state))
+        yield name, state.pop(name)
+
+
+def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              cache_dir: str | Path | None = None) -> GPTModel:
+    """A Hugging Face GPT-2 folder, or a hub name such as ``gpt2-medium``, as a ``GPTModel`` (eval mode).
+
+    Names with or without the ``transformer.`` prefix are accepted; the four Conv1D weights are transposed; the
+    legacy ``attn.bias`` / ``attn.masked_bias`` buffers are skipped; any other unknown tensor, a missing one or a
+    wrong shape is a ``ValueError`` naming the file and the key.
+    """
+    from ..checkpoint import model_from_state_dict
+
+    directory = resolve_hf_source(source, cache_dir=cache_dir)
+    config_path = directory / "config.json"
+    try:
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{directory} is not a Hugging Face GPT-2 folder: config.json is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_path}: cannot read the config ({err})") from None
+    config = hf_config_to_tinygpt(hf_config, config_path)
+    path = _hf_weights_path(directory)
+    state: dict[str, torch.Tensor] = {}
+    head = None
+    for name, tensor in _read_hf_tensors(path):
+        short = name.removeprefix("transformer.")
+        try:
+            mapped = _hf_name_to_ours(short, config.n_layers)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        if mapped is None:
+            continue
+        ours, transpose = mapped
+        if ours in state or (ours == "out_head.weight" and head is not None):
+            raise ValueError(f"{path}: tensor {name!r} appears twice (with and without the transformer. prefix)")
+        if transpose:
+            if tensor.dim() != 2:
+                raise ValueError(f"{path}: tensor {name!r} has shape {list(tensor.shape)}, a matrix is needed")
+            tensor = tensor.t().contiguous()
+        if ours == "out_head.weight":
+            head = tensor
+            continue
+        state[ours] = tensor
+    if head is not None:
+        if config.tie_weights:
+            # HF ties lm_head to wte on load; a stored copy must agree, or the file means two different models.
+            if "tok_emb.weight" in state and not torch.equal(head, state["tok_emb.weight"]):
+                raise ValueError(f"{path}: 'lm_head.weight' differs from 'wte.weight' but the config ties them")
+        else:
+            state["out_head.weight"] = head
+    return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
+
+
+def export_hf(model: GPTModel, directory: str | Path) -> None:
+    """Write ``model`` as a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads exactly.
+
+    ``config.json`` + ``model.safetensors`` (``transformer.``-prefixed names, Conv1D layout, ``lm_head.weight`` only
+    when untied), the directory written atomically. A model without QKV bias gets zero biases (the same function).
+    """
+    from safetensors.torch import save_file
+
+    from ..fileio import atomic_directory, atomic_write_text
+
+    if not isinstance(model, GPTModel):
+        raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
+    hf_config = tinygpt_config_to_hf(model.config)
+    ours = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
+    state = {name: t.contiguous() for name, t in tinygpt_to_gpt2(ours, model.config).items()}
+    if model.config.tie_weights:
+        del state["lm_head.weight"]  # the same tensor as wte: written once, HF re-ties it on load
+    with atomic_directory(directory) as tmp:
+        atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+
+
+def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None) -> Path:
+    """A local folder as is; otherwise a hub repository name, downloaded (or found in the local HF cache)."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    name = str(source)
+    if not _HUB_NAME.match(name) or path.exists():
+        raise ValueError(f"{name} is neither a directory nor a Hugging Face hub name such as 'gpt2' or 'gpt2-medium'")
+    return _download_from_hub(name, cache_dir)
+
+
+def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+    def fetch(filename: str) -> Path:
+        return Path(hf_hub_download(repo_id, filename, cache_dir=cache_dir))
+
+    try:
+        directory = fetch("config.json").parent
+        for weights in HF_WEIGHT_FILES:
+            try:
+                fetch(weights)
+                break
+            except EntryNotFoundError:
+                continue
+        for optional in HF_TOKENIZER_FILES:
+            try:
+                fetch(optional)
+            except EntryNotFoundError:
+                pass
+    except RepositoryNotFoundError:
+        raise ValueError(f"{repo_id!r} is not a local directory nor a repository on the Hugging Face hub") from None
+    except Exception as err:  # no network / offline mode: huggingface_hub raises several unrelated types
+        raise ValueError(
+            f"cannot fetch {repo_id!r} from the Hugging Face hub and it is not in the local cache "
+            f"({type(err).__name__}); go online once, or download the folder (config.json + model.safetensors) "
+            f"elsewhere and pass its path"
+        ) from None
+    return directory
