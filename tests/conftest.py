@@ -39,3 +39,16 @@ def gpt2_vocab_dir() -> Path:
     if not (GPT2_VOCAB_DIR / "encoder.json").exists():
         pytest.skip(f"GPT-2 vocabulary files not found in {GPT2_VOCAB_DIR}")
     return GPT2_VOCAB_DIR
+
+
+@pytest.fixture
+def training_text_file(tmp_path) -> Path:
+    """A small deterministic text (about 12 KB, lowercase words and newlines) for training tests."""
+    import random
+
+    rng = random.Random(0)
+    words = "the cat sat on a mat and the dog ran to the red barn while birds sang in old trees".split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))) for _ in range(300)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,29 +1,43 @@
-"""Pretraining: corpus preparation, batches, AdamW + schedule, the training loop, checkpoints, torchrun scale-out."""
+"""Pretraining: corpus preparation, batches, AdamW + schedule, the training loop, checkpoints, torchrun scale-out.
 
-from .batches import WindowSampler
-from .checkpointing import list_checkpoints, load_training_state, resolve_resume
-from .data import PreparedCorpus, find_text_files, prepare_corpus, prepare_or_reuse
-from .loop import DEFAULT_MODEL, TrainingDiverged, TrainingOptions, TrainingResult, resolve_config, train
-from .metrics import flops_per_token, unigram_entropy
-from .optim import build_optimizer, lr_at
+Names are imported on first use (PEP 562), so ``tinygpt.training.options`` -- what the CLI needs to build its
+``--help`` -- loads without pulling in the loop and torch.distributed.
+"""
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "PreparedCorpus",
-    "TrainingDiverged",
-    "TrainingOptions",
-    "TrainingResult",
-    "WindowSampler",
-    "build_optimizer",
-    "find_text_files",
-    "flops_per_token",
-    "list_checkpoints",
-    "load_training_state",
-    "lr_at",
-    "prepare_corpus",
-    "prepare_or_reuse",
-    "resolve_config",
-    "resolve_resume",
-    "train",
-    "unigram_entropy",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "WindowSampler": "batches",
+    "list_checkpoints": "checkpointing",
+    "load_training_state": "checkpointing",
+    "resolve_resume": "checkpointing",
+    "PreparedCorpus": "data",
+    "find_text_files": "data",
+    "prepare_corpus": "data",
+    "prepare_or_reuse": "data",
+    "TrainingDiverged": "loop",
+    "TrainingResult": "loop",
+    "resolve_config": "loop",
+    "train": "loop",
+    "flops_per_token": "metrics",
+    "unigram_entropy": "metrics",
+    "build_optimizer": "optim",
+    "lr_at": "optim",
+    "DEFAULT_MODEL": "options",
+    "TrainingOptions": "options",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -30,6 +30,7 @@ from ..tokenizer import Tokenizer
 
 STATE_FILE = "training_state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_PARTIAL_DIR = re.compile(r"^\.step-\d+\..*\.tmp$")  # fileio.atomic_directory's temporaries of a step-N/
 # Test hook: when this names a step, the process pauses (for SLEEP_SECONDS) in the middle of writing that step's
 # checkpoint -- model files written, state not yet, folder not yet renamed -- so a test can SIGKILL it exactly there.
 FAULT_ENV = "TINYGPT_PAUSE_IN_CHECKPOINT_WRITE"
@@ -130,6 +131,15 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
     if not found:
         raise ValueError(f"--resume {path}: neither a complete step-N checkpoint nor a run folder holding one")
     return found[-1][1]
+
+
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Delete the temporary folders a crash left behind mid-write (never a complete ``step-N/``)."""
+    run_dir = Path(run_dir)
+    if run_dir.is_dir():
+        for child in run_dir.iterdir():
+            if child.is_dir() and _PARTIAL_DIR.match(child.name):
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int, keep: set[int] = frozenset()) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_optimizer_state_dict
 
 
 @dataclass(frozen=True)
@@ -104,18 +103,19 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
         model.require_backward_grad_sync = enabled
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model state, optimizer state), unsharded on CPU, keyed by parameter name -- the same for 1 process, DDP
     and FSDP2, so a checkpoint written by one resumes under another. Collective: every rank must call it."""
-    return get_state_dict(model, optimizer, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # ~2 s import: lazily
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict) -> None:
     """Inverse of ``full_state`` for the optimizer (every rank passes the same full dict; FSDP2 keeps its shard).
     The weights themselves come back through ``load_model`` before wrapping."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
 
 

@@ -32,79 +32,15 @@ from ..tokenizer import Tokenizer, load_tokenizer
 from . import distributed as dist_utils
 from .batches import WindowSampler
 from .checkpointing import (capture_rng_state, export_model_files, list_checkpoints, load_training_state,
-                            prune_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
+                            prune_checkpoints, remove_partial_checkpoints, resolve_resume, restore_rng_state,
+                            save_checkpoint)
 from .data import PreparedCorpus, prepare_or_reuse
 from .metrics import MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
 from .optim import build_optimizer, lr_at, set_lr
-
-# The main job's model (vocab_size comes from the tokenizer): sized by timing runs so that the default
-# ``tinygpt train`` on the embedded corpus finishes in about 5 minutes on 2 CPU cores.
-DEFAULT_MODEL: dict[str, Any] = dict(context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0)
-
+from .options import DEFAULT_MODEL, TrainingOptions
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept."""
-
-
-@dataclass
-class TrainingOptions:
-    """Every setting of a run. ``data=None`` and ``prepared=None`` train on the embedded corpus."""
-
-    data: list[str] | None = None
-    prepared: str | None = None
-    tokenizer: str = "char"
-    config: str | GPTConfig | None = None
-    out_dir: str = "runs/tinygpt"
-    max_steps: int = 2000
-    stop_after: int | None = None
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 1e-3
-    min_lr: float | None = None
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_iters: int = 20
-    checkpoint_every: int | None = None
-    keep_last: int = 2
-    seed: int = 1337
-    device: str | None = None
-    dtype: str = "auto"
-    compile: bool = False
-    fsdp: bool = False
-    resume: str | None = None
-    sample_tokens: int = 200
-    sample_prompt: str | None = None
-    peak_tflops: float | None = None
-    val_fraction: float = 0.1
-    progress: bool = True
-
-    def check(self) -> None:
-        """``ValueError`` naming the first bad setting."""
-        positive = ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        for name in ("warmup_steps", "keep_last", "sample_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an integer >= 0")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every!r} must be >= 1")
-        if self.stop_after is not None and self.stop_after < 1:
-            raise ValueError(f"stop_after={self.stop_after!r} must be >= 1")
-        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
-        if not self.grad_clip >= 0:
-            raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r}; allowed: auto, float32, bfloat16")
-        if self.data is not None and self.prepared is not None:
-            raise ValueError("give either data paths or a prepared corpus, not both")
 
 
 @dataclass(frozen=True)
@@ -118,6 +54,7 @@ class TrainingResult:
     unigram_entropy: float
     tokens_per_second: float | None
     samples: list[str]
+    model: GPTModel  # this rank's trained model (unwrapped; under FSDP2 its parameters are still sharded)
 
 
 def resolve_config(spec: str | GPTConfig | None, tokenizer_vocab: int) -> GPTConfig:
@@ -197,6 +134,8 @@ class _Run:
     def build(self) -> None:
         """Model, optimizer and samplers, fresh or from the resume checkpoint; every check before any step."""
         o, ctx = self.o, self.ctx
+        if self.main:
+            remove_partial_checkpoints(self.run_dir)
         self.resume_from = resolve_resume(o.resume, self.run_dir)
         state: dict[str, Any] | None = None
         if self.resume_from is not None:
@@ -442,4 +381,4 @@ def _train(run: _Run) -> TrainingResult:
         atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     dist_utils.barrier(ctx)
     return TrainingResult(run.run_dir, run.step, last_eval.get("train_loss"), last_eval.get("val_loss"),
-                          run.best_step, run.best_val, baseline, tokens_per_second, samples)
+                          run.best_step, run.best_val, baseline, tokens_per_second, samples, run.model)

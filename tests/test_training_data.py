@@ -1,0 +1,133 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tinygpt.training import PreparedCorpus, WindowSampler, find_text_files, prepare_corpus, prepare_or_reuse
+from tinygpt.training.data import iter_text_chunks, token_dtype
+
+
+def test_prepare_char_roundtrip(tmp_path, training_text_file):
+    corpus = prepare_corpus([training_text_file], "char", tmp_path / "prep", progress=False)
+    text = training_text_file.read_text(encoding="utf-8")
+    tokenizer = corpus.load_tokenizer()
+    tokens = np.concatenate([corpus.train, corpus.val])
+    assert tokenizer.decode(tokens.tolist()) == text  # char has no end-of-text id: nothing added
+    assert corpus.train.dtype == np.uint16 and len(tokens) == len(text)
+    header = json.loads((tmp_path / "prep" / "prepared.json").read_text())
+    assert header["total_tokens"] == len(text) and header["train_tokens"] == round(len(text) * 0.9)
+    import hashlib
+
+    assert header["sources"][0]["sha256"] == hashlib.sha256(training_text_file.read_bytes()).hexdigest()
+
+
+def test_prepare_bpe_separates_files_with_end_of_text(tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("alpha beta gamma\n" * 40)
+    (folder / "sub" / "b.md").write_text("delta epsilon\n" * 40)
+    (folder / ".hidden.txt").write_text("never read")
+    (folder / "blob.bin").write_bytes(b"\0\1\2")
+    assert [p.name for p in find_text_files([folder])] == ["a.txt", "b.md"]
+    corpus = prepare_corpus([folder], "bpe:300", tmp_path / "prep", progress=False)
+    tok = corpus.load_tokenizer()
+    tokens = np.concatenate([corpus.train, corpus.val]).tolist()
+    assert tokens.count(tok.eot_id) == 2
+    first = tokens.index(tok.eot_id)
+    assert tok.decode(tokens[:first]) == "alpha beta gamma\n" * 40
+    assert tok.decode(tokens[first + 1 : -1]) == "delta epsilon\n" * 40
+
+
+def test_chunks_cover_the_file_exactly_across_multibyte_boundaries(tmp_path):
+    text = "".join(f"zeile {i}: äöü € 漢字\n  indented\n\n" for i in range(200))
+    path = tmp_path / "u.txt"
+    path.write_text(text, encoding="utf-8")
+    seen = bytearray()
+    chunks = list(iter_text_chunks(path, chunk_bytes=37, on_bytes=seen.extend))
+    assert "".join(chunks) == text and bytes(seen) == path.read_bytes()
+    assert len(chunks) > 10
+    assert all(c.endswith("\n") and not chunks[i + 1][0].isspace() for i, c in enumerate(chunks[:-1]))
+
+
+def test_small_chunks_give_the_same_tokens(tmp_path, training_text_file):
+    a = prepare_corpus([training_text_file], "char", tmp_path / "a", progress=False)
+    b = prepare_corpus([training_text_file], "char", tmp_path / "b", chunk_bytes=50, progress=False)
+    assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
+
+
+def test_token_dtype():
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+
+
+def _missing(d):
+    return [d / "missing.txt"]
+
+
+def _empty_file(d):
+    (d / "empty.txt").write_text("")
+    return [d / "empty.txt"]
+
+
+def _empty_folder(d):
+    (d / "nothing").mkdir()
+    return [d / "nothing"]
+
+
+def _no_paths(d):
+    return []
+
+
+@pytest.mark.parametrize("make, message", [
+    (_missing, "does not exist"), (_empty_file, "empty"), (_empty_folder, "no text files"), (_no_paths, "no data paths"),
+])
+def test_bad_corpus_is_a_clear_error(tmp_path, make, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        prepare_corpus(make(tmp_path), "char", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_reuse_only_when_sources_and_tokenizer_match(tmp_path, training_text_file):
+    out = tmp_path / "prep"
+    first = prepare_or_reuse([training_text_file], "char", out, progress=False)
+    stamp = (out / "tokens.bin").stat().st_mtime_ns
+    prepare_or_reuse([training_text_file], "char", out, progress=False)
+    assert (out / "tokens.bin").stat().st_mtime_ns == stamp
+    training_text_file.write_text(training_text_file.read_text() + "more words\n")
+    second = prepare_or_reuse([training_text_file], "char", out, progress=False)
+    assert len(second.train) + len(second.val) == len(first.train) + len(first.val) + len("more words\n")
+
+
+def test_open_rejects_a_truncated_token_file(tmp_path, training_text_file):
+    prepare_corpus([training_text_file], "char", tmp_path / "prep", progress=False)
+    with open(tmp_path / "prep" / "tokens.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ValueError, match="prepare the corpus again"):
+        PreparedCorpus.open(tmp_path / "prep")
+
+
+def test_windows_are_shifted_seeded_and_resumable():
+    tokens = np.arange(1000, dtype=np.uint16)
+    a = WindowSampler(tokens, context_length=8, seed=3)
+    x, y = a.sample(5)
+    assert x.shape == (5, 8) and x.dtype == torch.int64
+    assert torch.equal(y, x + 1)  # targets are the inputs shifted by one
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1)  # contiguous windows
+    state = a.state_dict()
+    after = a.sample(5)
+    b = WindowSampler(tokens, context_length=8, seed=3)
+    assert torch.equal(b.sample(5)[0], x)
+    b.load_state_dict(state)
+    assert torch.equal(b.sample(5)[0], after[0])
+
+
+def test_ranks_slice_the_global_batch():
+    tokens = np.arange(500, dtype=np.uint16)
+    whole = WindowSampler(tokens, 4, seed=1).sample(6)[0]
+    parts = [WindowSampler(tokens, 4, seed=1).sample(6, rows=slice(r * 3, r * 3 + 3))[0] for r in range(2)]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_window_larger_than_data_is_an_error():
+    with pytest.raises(ValueError, match="fewer than one window"):
+        WindowSampler(np.arange(8, dtype=np.uint16), context_length=8, seed=0)

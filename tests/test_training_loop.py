@@ -1,0 +1,141 @@
+import json
+import math
+
+import pytest
+import torch
+
+from tinygpt import GPTConfig
+from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model
+from tinygpt.cli import main
+from tinygpt.training import TrainingDiverged, TrainingOptions, list_checkpoints, load_training_state, train
+from tinygpt.training.data import prepare_corpus
+
+CONFIG = GPTConfig(vocab_size=24, context_length=16, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny matmuls: one thread is fastest and immune to a busy machine's oversubscription.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def prepared(tmp_path, training_text_file):
+    prepare_corpus([training_text_file], "char", tmp_path / "prep", progress=False)
+    return tmp_path / "prep"
+
+
+def options(run_dir, prepared, **overrides) -> TrainingOptions:
+    settings = dict(prepared=str(prepared) if prepared else None, config=CONFIG, out_dir=str(run_dir), max_steps=8, batch_size=4,
+                    warmup_steps=2, eval_every=4, eval_iters=2, sample_tokens=8, progress=False, device="cpu",
+                    seed=0, lr=3e-3)
+    settings.update(overrides)
+    return TrainingOptions(**settings)
+
+
+def parameters(directory):
+    return dict(load_model(directory).named_parameters())
+
+
+def test_resume_is_bit_identical(tmp_path, prepared):
+    # dropout 0.1 draws from torch's RNG every step: the RNG state must come back exactly, too.
+    train(options(tmp_path / "straight", prepared))
+    first = train(options(tmp_path / "resumed", prepared, stop_after=4))
+    assert first.step == 4 and [s for s, _ in list_checkpoints(tmp_path / "resumed")] == [4]
+    second = train(options(tmp_path / "resumed", prepared, resume="auto"))
+    assert second.step == 8
+    a, b = parameters(tmp_path / "straight"), parameters(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    state_a = load_training_state(tmp_path / "straight" / "step-8")
+    state_b = load_training_state(tmp_path / "resumed" / "step-8")
+    moments_a, moments_b = state_a["optimizer"]["state"], state_b["optimizer"]["state"]
+    assert all(torch.equal(moments_a[k]["exp_avg_sq"], moments_b[k]["exp_avg_sq"]) for k in moments_a)
+    assert torch.equal(state_a["sampler"]["generator"], state_b["sampler"]["generator"])
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))  # one consistent history across the resume
+
+
+def test_a_run_leaves_a_loadable_model_metrics_and_plot(tmp_path, prepared):
+    run = tmp_path / "run"
+    result = train(options(run, prepared, max_steps=40, eval_every=10, keep_last=1, lr=1e-2))
+    vocab = load_checkpoint_tokenizer(run).vocab_size
+    assert result.val_loss < math.log(vocab)  # learned something: better than a uniform guess
+    model = load_model(run)  # RUN_DIR itself holds the final model
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), result.model.parameters()))
+    kept = {s for s, _ in list_checkpoints(run)}
+    assert kept == {40, result.best_step}  # the last one and the best by val loss
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 41))
+    assert [r["step"] for r in records if "val_loss" in r] == [10, 20, 30, 40]
+    assert all(r["tokens_per_second"] > 0 and r["tflops"] > 0 for r in records)
+    assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_checkpoint"] == f"step-{result.best_step}" and summary["val_loss"] == result.val_loss
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, prepared, monkeypatch):
+    from tinygpt.training import loop
+
+    real_loss = loop._Run.loss
+
+    def poisoned(self, x, y):
+        value = real_loss(self, x, y)
+        return value * float("nan") if self.step >= 5 else value
+
+    monkeypatch.setattr(loop._Run, "loss", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"step 6: the loss is nan .*step-4"):
+        train(options(tmp_path / "run", prepared))
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4]
+    assert load_training_state(tmp_path / "run" / "step-4")["step"] == 4
+
+
+def _no_step_taken(run_dir):
+    metrics = run_dir / "metrics.jsonl"
+    return not list_checkpoints(run_dir) and (not metrics.exists() or metrics.read_text() == "")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(config=GPTConfig(vocab_size=8, context_length=16, emb_dim=16, n_heads=2, n_layers=1)),
+     "tokenizer has 18 tokens but the model's vocab_size is 8"),
+    (dict(config=CONFIG.replace(context_length=4096)), "val split has .* fewer than one window"),
+    (dict(max_steps=0), "max_steps=0"),
+    (dict(prepared=None, data=["/no/such/corpus.txt"]), "does not exist"),
+])
+def test_bad_input_fails_before_any_step(tmp_path, prepared, overrides, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        train(options(tmp_path / "run", overrides.pop("prepared", prepared), **overrides))
+    assert _no_step_taken(tmp_path / "run")
+
+
+def test_resume_checks_config_and_run_folder(tmp_path, prepared):
+    run = tmp_path / "run"
+    train(options(run, prepared, stop_after=4))
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(options(run, prepared))
+    with pytest.raises(ValueError, match=r"does not match the checkpoint .*emb_dim=32 vs checkpoint 16"):
+        train(options(run, prepared, resume="auto", config=CONFIG.replace(emb_dim=32)))
+    with pytest.raises(ValueError, match="already >= max_steps"):
+        train(options(run, prepared, resume=str(run / "step-4"), max_steps=4))
+    with pytest.raises(ValueError, match="no such folder"):
+        train(options(run, prepared, resume=str(tmp_path / "elsewhere")))
+    assert [s for s, _ in list_checkpoints(run)] == [4]
+
+
+def test_cli_prepare_and_train(tmp_path, training_text_file, capsys):
+    config = tmp_path / "c.json"
+    config.write_text(CONFIG.to_json())
+    assert main(["prepare", "--data", str(training_text_file), "--out", str(tmp_path / "p"), "--no-progress"]) == 0
+    assert "train /" in capsys.readouterr().out
+    args = ["train", "--prepared", str(tmp_path / "p"), "--config", str(config), "--out", str(tmp_path / "run"),
+            "--max-steps", "4", "--eval-every", "2", "--eval-iters", "1", "--batch-size", "2", "--no-progress",
+            "--device", "cpu"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "done: step 4" in out and "unigram baseline" in out
+    assert load_model(tmp_path / "run").config == CONFIG
+    assert main(args) == 2  # same folder, no --resume: refused in one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume auto" in err
