@@ -52,3 +52,12 @@ def training_text_file(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared machine: one intra-op thread avoids thread hand-off costs larger than the work."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

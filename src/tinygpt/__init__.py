@@ -1,11 +1,12 @@
 """tinygpt: a GPT-2-family decoder-only transformer written from first principles in PyTorch."""
 
 from .config import PRESETS, GPTConfig, get_config
-from .generation import generate_greedy
+from .generation import GenerationConfig, GenerationResult, generate, generate_greedy, stream
 from .kv_cache import KVCache
 from .layers import GELU, FeedForward, LayerNorm, MultiHeadAttention, TransformerBlock
 from .model import DummyGPTModel, GPTModel
 from .params import ParameterCount, count_parameters
+from .text_stream import generate_text, stream_text
 from .checkpoint import load_checkpoint_tokenizer, load_model, save_model
 from .tokenizer import (
     BPETokenizer,
@@ -44,6 +45,12 @@ __all__ = [
     "load_tokenizer",
     "save_model",
     "train_tokenizer",
+    "GenerationConfig",
+    "GenerationResult",
+    "generate",
     "generate_greedy",
+    "generate_text",
+    "stream",
+    "stream_text",
     "get_config",
 ]

@@ -1,9 +1,35 @@
-"""Text generation: the seeds' greedy loop (seed 000 §6.9)."""
+"""Text generation: the seeds' greedy loop (seed 000 §6.9) and the cached generation engine built on it.
+
+``generate_greedy`` is the seeds' ``generate_text_simple``, kept as the reference. ``generate`` / ``stream`` add a
+KV cache (prefill the prompt once, then feed one token per step), sampling (``tinygpt.sampling``), stop conditions
+and batches of prompts of different lengths (left padding + a key mask + per-row positions).
+
+The context limit is a *policy* (``GenerationConfig.overflow``), applied whenever the text the model must see
+next would be longer than C tokens. The cache never changes which tokens come out, only how fast:
+
+- ``"slide"`` (default): the seeds' semantics -- each step sees the last C tokens, positions from 0. Up to C this
+  is the cached fast path; beyond C every position's embedding changes at every step, so nothing cached can be
+  reused and each step is a full forward over C tokens (the cost of the uncached loop: about C times a cached
+  step). Identical tokens to ``generate_greedy``, so switching the cache off never changes the output.
+- ``"shift"``: keep the last ``shift_keep`` tokens (default C // 2), re-prefill them once at positions from 0 and
+  continue cached; one prefill per C - shift_keep new tokens. Fast, but an approximation: the model forgets the
+  dropped text and the kept text moves to new positions (seed 000 §6.9: truncation is not a cache).
+- ``"error"``: a ``ValueError`` before any work, saying how many new tokens fit.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
 import torch
 from torch import nn
+
+from .kv_cache import KVCache
+from .sampling import next_tokens
+
+OVERFLOW_POLICIES = ("slide", "shift", "error")
 
 
 @torch.no_grad()
@@ -33,3 +59,339 @@ def generate_greedy(
     finally:
         model.train(was_training)
     return idx
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate. The defaults are greedy decoding with the cache and the seeds' sliding window.
+
+    ``temperature`` 0 means greedy (argmax); > 0 samples from softmax(logits / T), after ``top_k`` (keep exactly
+    k tokens) and ``top_p`` (nucleus; 1.0 = off). ``repetition_penalty`` > 1 discourages every token already in
+    the row (prompt included; also applies to greedy). ``seed`` makes sampling reproducible. A row finishes when
+    it produces ``eos_id`` or ends with one of the ``stop`` token sequences (both kept in its output); finished
+    rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
+    recomputes the whole window at each step (same policy, same tokens up to float rounding).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    eos_id: int | None = None
+    stop: tuple[tuple[int, ...], ...] = field(default=())
+    overflow: str = "slide"
+    shift_keep: int | None = None
+    use_cache: bool = True
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be an integer >= 0")
+        if not _is_number(self.temperature) or not self.temperature >= 0:  # `not >=` also rejects NaN
+            raise ValueError(f"temperature={self.temperature!r} must be a number >= 0 (0 means greedy)")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1 (or None for no top-k filter)")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 means no nucleus filter)")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0 (1 means none)")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed={self.seed!r} must be an integer or None")
+        for name in ("eos_id", "pad_id"):
+            value = getattr(self, name)
+            if (value is not None or name == "pad_id") and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name}={value!r} must be a token id (an integer >= 0)")
+        if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):
+            raise ValueError(f"stop must be a list of token-id sequences, got {type(self.stop).__name__}")
+        stops = []
+        for seq in self.stop:
+            if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence) or len(seq) == 0:
+                raise ValueError(f"each stop sequence must be a non-empty list of token ids, got {seq!r}")
+            if not all(_is_int(t) and t >= 0 for t in seq):
+                raise ValueError(f"stop sequence {list(seq)} must hold token ids (integers >= 0)")
+            stops.append(tuple(seq))
+        object.__setattr__(self, "stop", tuple(stops))
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow={self.overflow!r} is not a policy; allowed: {', '.join(OVERFLOW_POLICIES)}")
+        if self.shift_keep is not None and (not _is_int(self.shift_keep) or self.shift_keep < 1):
+            raise ValueError(f"shift_keep={self.shift_keep!r} must be an integer >= 1 (or None for C // 2)")
+        if not isinstance(self.use_cache, bool):
+            raise ValueError(f"use_cache={self.use_cache!r} must be true or false")
+
+    def replace(self, **overrides: Any) -> "GenerationConfig":
+        """A copy with some fields changed (validated again); an unknown name is a ``ValueError``."""
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            allowed = ", ".join(f.name for f in dataclasses.fields(self))
+            raise ValueError(f"unknown generation setting(s) {', '.join(unknown)}; allowed: {allowed}")
+        return dataclasses.replace(self, **overrides)
+
+
+@dataclass
+class GenerationResult:
+    """What ``generate`` returns. ``tokens`` [B, N]: the new tokens of each row (N = the longest row's count),
+    ``pad_id`` after a row finished; ``lengths[i]``: row i's real new tokens; ``finish_reasons[i]``: "eos",
+    "stop" or "length"."""
+
+    tokens: torch.Tensor
+    lengths: list[int]
+    finish_reasons: list[str]
+
+    def rows(self) -> list[list[int]]:
+        """The new tokens of each row without padding."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths)]
+
+
+def _prompt_rows(prompts: object, vocab_size: int) -> list[list[int]]:
+    """A [T] / [B, T] integer tensor, a list of ids or a list of id lists -> B non-empty lists of valid ids."""
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
+            raise TypeError(f"prompt tensor must hold integer token ids, got dtype {prompts.dtype}")
+        if prompts.dim() not in (1, 2):
+            raise ValueError(f"prompt tensor must have shape [tokens] or [batch, tokens], got {list(prompts.shape)}")
+        rows = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+        if len(prompts) > 0 and all(_is_int(t) for t in prompts):
+            rows = [list(prompts)]
+        elif len(prompts) > 0 and all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in prompts):
+            rows = [list(r) for r in prompts]
+        else:
+            raise ValueError("prompts must be a non-empty list of token ids or a non-empty list of such lists")
+    else:
+        raise TypeError(f"prompts must be a tensor or a list of token ids, got {type(prompts).__name__}")
+    if not rows:
+        raise ValueError("the batch of prompts is empty")
+    for i, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"prompt {i} is empty: at least one token is needed")
+        for t in row:
+            if not _is_int(t) or not 0 <= t < vocab_size:
+                raise ValueError(f"prompt {i} has token id {t!r}: ids must be integers with 0 <= id < {vocab_size}")
+    return rows
+
+
+def _check_for_model(cfg: GenerationConfig, rows: list[list[int]], vocab_size: int, context_length: int) -> int:
+    """Check the settings that depend on the model; returns the shift policy's kept length."""
+    for name in ("eos_id", "pad_id"):
+        value = getattr(cfg, name)
+        if value is not None and value >= vocab_size:
+            raise ValueError(f"{name}={value} is out of range: ids must satisfy 0 <= id < vocab_size={vocab_size}")
+    for seq in cfg.stop:
+        if max(seq) >= vocab_size:
+            raise ValueError(f"stop sequence {list(seq)} has an id >= vocab_size={vocab_size}")
+    keep = context_length // 2 if cfg.shift_keep is None else cfg.shift_keep
+    if cfg.overflow == "shift" and not 1 <= keep < context_length:
+        raise ValueError(f"shift_keep={keep} must be in [1, context_length - 1 = {context_length - 1}]")
+    longest = max(len(r) for r in rows)
+    # The last new token is never fed back, so the model sees at most longest + max_new_tokens - 1 tokens.
+    if cfg.overflow == "error" and longest + cfg.max_new_tokens - 1 > context_length:
+        fit = context_length - longest + 1
+        raise ValueError(
+            f"a prompt of {longest} tokens + max_new_tokens={cfg.max_new_tokens} does not fit context_length="
+            f"{context_length}: at most {max(fit, 0)} new tokens fit"
+            + ("" if fit > 0 else " (the prompt alone is too long)")
+            + '; use overflow="slide" or "shift" to go beyond the context'
+        )
+    return keep
+
+
+class _Engine:
+    """The step loop behind ``stream``: windows, the cache, padding, sampling and stopping for B rows."""
+
+    def __init__(
+        self, model: nn.Module, rows: list[list[int]], cfg: GenerationConfig, keep: int,
+        generator: torch.Generator | None,
+    ) -> None:
+        self.model, self.cfg, self.keep = model, cfg, keep
+        self.context = model.config.context_length
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.seqs = [list(r) for r in rows]  # what the model is fed: prompt, then every sampled token
+        self.starts = [0] * len(rows)  # row i's window is seqs[i][starts[i]:]
+        if generator is None and cfg.seed is not None and cfg.temperature > 0:
+            generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.generator = generator
+        self.cache: KVCache | None = None
+        self.width = 0  # padded window length of the last model call = positions filled in the cache
+        self.pads: list[int] = []
+        self.positions_offset: torch.Tensor | None = None  # [B, 1] pads, or None when no row is padded
+        self.key_mask: torch.Tensor | None = None  # [B, capacity] True = real token
+
+    def _apply_policy(self) -> bool:
+        """Move the windows' starts if the next model call would see more than C tokens; True if they moved.
+
+        slide: the last C tokens (every step once past C); shift: the last ``keep`` tokens (once per C - keep).
+        """
+        longest = max(len(s) - st for s, st in zip(self.seqs, self.starts))
+        if longest <= self.context:
+            return False
+        keep = self.context if self.cfg.overflow == "slide" else self.keep
+        # Per row, so that a row's tokens never depend on its neighbours: only a row whose own window is too long
+        # moves ("error" was ruled out before any work; if it got here anyway, the model's own check raises).
+        self.starts = [len(s) - keep if len(s) - st > self.context else st for s, st in zip(self.seqs, self.starts)]
+        return True
+
+    def _full_forward(self) -> torch.Tensor:
+        """Run the padded windows [B, W] through the model (filling the cache if there is one); -> logits [B, V]."""
+        windows = [s[st:] for s, st in zip(self.seqs, self.starts)]
+        width = max(len(w) for w in windows)
+        self.pads = [width - len(w) for w in windows]
+        pad = self.cfg.pad_id
+        idx = torch.tensor([[pad] * p + w for p, w in zip(self.pads, windows)], device=self.device)  # [B, W]
+        positions = key_mask = None
+        if any(self.pads):
+            pads = torch.tensor(self.pads, device=self.device)[:, None]  # [B, 1]
+            # Row i's real tokens sit at columns pads[i]..W-1 and get positions 0.. as if generated alone.
+            positions = (torch.arange(width, device=self.device) - pads).clamp(min=0)  # [B, W]
+            capacity = self.cache.max_length if self.cache is not None else width
+            self.key_mask = torch.arange(capacity, device=self.device) >= pads  # [B, capacity]
+            key_mask = self.key_mask[:, :width]
+            self.positions_offset = pads
+        else:
+            self.key_mask = self.positions_offset = None
+        self.width = width
+        logits = self.model(idx, cache=self.cache, positions=positions, key_mask=key_mask, last_only=True)
+        return logits[:, -1]  # [B, V]
+
+    def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed the last sampled tokens [B] at cache position ``width``; -> logits [B, V]."""
+        pos = self.width
+        positions = key_mask = None
+        if self.positions_offset is not None:
+            positions = pos - self.positions_offset  # [B, 1]
+            key_mask = self.key_mask[:, : pos + 1]
+        self.width = pos + 1
+        logits = self.model(
+            tokens[:, None], cache=self.cache, start_pos=pos, positions=positions, key_mask=key_mask, last_only=True
+        )
+        return logits[:, -1]  # [B, V]
+
+    def steps(self, finish_reasons: list[str]) -> Iterator[list[int | None]]:
+        cfg, batch = self.cfg, len(self.seqs)
+        n_new = [0] * batch
+        done = [False] * batch
+        max_stop = max((len(s) for s in cfg.stop), default=0)
+        seen = None
+        with torch.inference_mode():
+            if cfg.repetition_penalty != 1.0:
+                seen = torch.zeros(batch, self.model.config.vocab_size, dtype=torch.bool, device=self.device)
+                for i, row in enumerate(self.seqs):
+                    seen[i, row] = True
+            if cfg.use_cache:
+                self._apply_policy()
+                longest = max(len(s) - st for s, st in zip(self.seqs, self.starts))
+                capacity = min(self.context, longest + cfg.max_new_tokens - 1)
+                self.cache = KVCache(self.model.config, batch, dtype=self.dtype, device=self.device,
+                                     max_length=max(capacity, 1))
+        tokens = None
+        for step in range(cfg.max_new_tokens):
+            with torch.inference_mode():
+                moved = self._apply_policy()
+                if tokens is None or moved or self.cache is None:
+                    logits = self._full_forward()
+                else:
+                    logits = self._decode(tokens)
+                tokens = next_tokens(
+                    logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                    repetition_penalty=cfg.repetition_penalty, seen=seen, generator=self.generator,
+                )  # [B]
+                if seen is not None:
+                    seen.scatter_(1, tokens[:, None], True)
+            out: list[int | None] = []
+            for i, tok in enumerate(tokens.tolist()):
+                self.seqs[i].append(tok)
+                if done[i]:
+                    out.append(None)
+                    continue
+                n_new[i] += 1
+                out.append(tok)
+                if tok == cfg.eos_id:
+                    done[i], finish_reasons[i] = True, "eos"
+                elif max_stop and any(
+                    n_new[i] >= len(s) and tuple(self.seqs[i][-len(s):]) == s for s in cfg.stop
+                ):
+                    done[i], finish_reasons[i] = True, "stop"
+            yield out
+            if all(done):
+                return
+
+
+def stream(
+    model: nn.Module,
+    prompts: torch.Tensor | Sequence[int] | Sequence[Sequence[int]],
+    config: GenerationConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    **overrides: Any,
+) -> Iterator[list[int | None]]:
+    """Yield, at every step, the new token of each row (``None`` for rows that already finished).
+
+    prompts: [T] or [B, T] ids, or a list of B id lists of any lengths. Settings come from ``config`` and
+    ``overrides`` (``GenerationConfig`` fields). Everything is checked before the first step; the model is in
+    eval mode while the iterator runs and goes back to its mode when it ends or is closed.
+    """
+    engine = _prepare(model, prompts, config, generator, overrides)
+    return _run(model, engine, None)
+
+
+def _prepare(
+    model: nn.Module, prompts: object, config: GenerationConfig | None, generator: torch.Generator | None,
+    overrides: dict[str, Any],
+) -> _Engine:
+    """Every check, before any work: settings, prompts, their fit in the context, the generator."""
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}")
+    cfg = (config or GenerationConfig()).replace(**overrides)
+    rows = _prompt_rows(prompts, model.config.vocab_size)
+    keep = _check_for_model(cfg, rows, model.config.vocab_size, model.config.context_length)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return _Engine(model, rows, cfg, keep, generator)
+
+
+def _run(model: nn.Module, engine: _Engine, finish_reasons: list[str] | None) -> Iterator[list[int | None]]:
+    reasons = finish_reasons if finish_reasons is not None else ["length"] * len(engine.seqs)
+    was_training = model.training
+    model.eval()
+    try:
+        yield from engine.steps(reasons)
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: nn.Module,
+    prompts: torch.Tensor | Sequence[int] | Sequence[Sequence[int]],
+    config: GenerationConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    **overrides: Any,
+) -> GenerationResult:
+    """Generate for a batch of prompts; returns the new tokens of every row. Arguments as for ``stream``.
+
+    >>> generate(model, [[1, 2, 3], [4]], max_new_tokens=5).rows()  # doctest: +SKIP
+    """
+    engine = _prepare(model, prompts, config, generator, overrides)
+    rows, cfg = engine.seqs, engine.cfg
+    reasons = ["length"] * len(rows)
+    per_row: list[list[int]] = [[] for _ in rows]
+    for step in _run(model, engine, reasons):
+        for i, tok in enumerate(step):
+            if tok is not None:
+                per_row[i].append(tok)
+    width = max((len(r) for r in per_row), default=0)
+    tokens = torch.full((len(rows), width), cfg.pad_id, dtype=torch.long)
+    for i, r in enumerate(per_row):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons)
+
