@@ -177,3 +177,34 @@ def test_load_missing_or_invalid(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "bpe"}))
     with pytest.raises(ValueError, match="bpe.json"):
         load_tokenizer(tmp_path)
+
+
+def test_gpt2_from_hugging_face_file_names(gpt2_vocab_dir, tmp_path):
+    import shutil
+
+    from tinygpt.tokenizer import tokenizer_from_dir
+
+    shutil.copyfile(gpt2_vocab_dir / "encoder.json", tmp_path / "vocab.json")
+    shutil.copyfile(gpt2_vocab_dir / "vocab.bpe", tmp_path / "merges.txt")
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {}}')  # an HF fast-tokenizer file
+    tok = tokenizer_from_dir(tmp_path)
+    assert isinstance(tok, GPT2Tokenizer) and tok.encode("Hello, I am") == [15496, 11, 314, 716]
+    tok.save(tmp_path / "saved")  # saved under OpenAI's names
+    assert (tmp_path / "saved" / "vocab.bpe").read_bytes() == (gpt2_vocab_dir / "vocab.bpe").read_bytes()
+    assert isinstance(tokenizer_from_dir(tmp_path / "saved"), GPT2Tokenizer)
+
+
+def test_tokenizer_from_dir_prefers_a_saved_tinygpt_tokenizer(tmp_path):
+    from tinygpt.tokenizer import tokenizer_from_dir
+
+    CharTokenizer("abc").save(tmp_path)
+    assert isinstance(tokenizer_from_dir(tmp_path), CharTokenizer)
+
+
+def test_corrupt_gpt2_files(tmp_path, gpt2_vocab_dir):
+    import shutil
+
+    shutil.copyfile(gpt2_vocab_dir / "encoder.json", tmp_path / "encoder.json")
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nĠ t\n")
+    with pytest.raises(GPT2VocabularyError, match="not a valid GPT-2 vocabulary"):
+        gpt2_tokenizer(tmp_path)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -181,3 +182,17 @@ def load_checkpoint_tokenizer(directory: str | Path) -> Tokenizer | None:
     if not (Path(directory) / DESCRIPTOR).is_file():
         return None
     return load_tokenizer(directory)
+
+
+def count_stored_parameters(directory: str | Path) -> int:
+    """Elements stored in ``model.safetensors`` (from its header; no tensor is read). A tied head counts once."""
+    from safetensors import safe_open
+
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.is_file():
+        raise ValueError(f"{Path(directory)} is not a tinygpt checkpoint: {WEIGHTS_FILE} is missing")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    except Exception as err:  # SafetensorError is not a ValueError
+        raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None

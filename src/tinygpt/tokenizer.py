@@ -120,17 +120,21 @@ class GPT2Tokenizer(Tokenizer):
         return self.encoding.decode(self._check_ids(ids))
 
     def save(self, directory: str | Path) -> None:
+        self.write_files(directory)
+        _write_descriptor(Path(directory), {"kind": "gpt2", "encoder": GPT2_FILES[0], "vocab": GPT2_FILES[1]})
+
+    def write_files(self, directory: str | Path, names: tuple[str, str] = GPT2_FILES) -> None:
+        """Write the (encoder, merges) files into ``directory`` under ``names`` (OpenAI's or ``HF_GPT2_FILES``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        for name in GPT2_FILES:
+        for index, name in enumerate(names):
             target = directory / name
             if self.source_dir is not None:
-                source = self.source_dir / _gpt2_file_names(self.source_dir)[GPT2_FILES.index(name)]
+                source = self.source_dir / _gpt2_file_names(self.source_dir)[index]
                 if source.resolve() != target.resolve():
                     atomic_write_with(target, lambda tmp, source=source: shutil.copyfile(source, tmp))
             else:
-                atomic_write_bytes(target, _read_tiktoken_cached(name))
-        _write_descriptor(directory, {"kind": "gpt2", "encoder": GPT2_FILES[0], "vocab": GPT2_FILES[1]})
+                atomic_write_bytes(target, _read_tiktoken_cached(GPT2_FILES[index]))
 
 
 def _read_tiktoken_cached(name: str) -> bytes:

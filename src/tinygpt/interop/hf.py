@@ -27,6 +27,7 @@ import torch
 
 from ..config import GPTConfig
 from ..model import GPTModel
+from ..tokenizer import HF_GPT2_FILES, GPT2Tokenizer, Tokenizer
 
 _NORMS = {"ln_1": "norm1", "ln_2": "norm2"}
 _LINEARS = {"attn.c_attn": "att.qkv", "attn.c_proj": "att.out_proj", "mlp.c_fc": "ff.layers.0", "mlp.c_proj": "ff.layers.2"}
@@ -93,7 +94,6 @@ def tinygpt_to_gpt2(ours: dict[str, torch.Tensor], config: GPTConfig) -> dict[st
 # Hugging Face GPT-2 folders (``GPT2LMHeadModel.save_pretrained`` or a hub snapshot) <-> GPTModel.
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-HF_TOKENIZER_FILES = ("vocab.json", "merges.txt")  # the same content as GPT-2's encoder.json / vocab.bpe
 _IGNORED_BUFFERS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers that old transformers versions saved
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # HF config fields that change what the model computes, with the only values tinygpt computes the same way.
@@ -280,11 +280,12 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
     return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 
 
-def export_hf(model: GPTModel, directory: str | Path) -> None:
+def export_hf(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
     """Write ``model`` as a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads exactly.
 
     ``config.json`` + ``model.safetensors`` (``transformer.``-prefixed names, Conv1D layout, ``lm_head.weight`` only
     when untied), the directory written atomically. A model without QKV bias gets zero biases (the same function).
+    A GPT-2 ``tokenizer`` adds ``vocab.json`` + ``merges.txt``; other tokenizers have no GPT-2 form: ValueError.
     """
     from safetensors.torch import save_file
 
@@ -292,6 +293,8 @@ def export_hf(model: GPTModel, directory: str | Path) -> None:
 
     if not isinstance(model, GPTModel):
         raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
+    if tokenizer is not None and not isinstance(tokenizer, GPT2Tokenizer):
+        raise ValueError(f"a {tokenizer.kind} tokenizer cannot be written as GPT-2's vocab.json + merges.txt")
     hf_config = tinygpt_config_to_hf(model.config)
     ours = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
     state = {name: t.contiguous() for name, t in tinygpt_to_gpt2(ours, model.config).items()}
@@ -300,6 +303,8 @@ def export_hf(model: GPTModel, directory: str | Path) -> None:
     with atomic_directory(directory) as tmp:
         atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.write_files(tmp, HF_GPT2_FILES)
 
 
 def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None) -> Path:
@@ -328,7 +333,7 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
                 break
             except EntryNotFoundError:
                 continue
-        for optional in HF_TOKENIZER_FILES:
+        for optional in HF_GPT2_FILES:
             try:
                 fetch(optional)
             except EntryNotFoundError:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CONFIG_FILE, load_checkpoint_tokenizer, load_model
+from ..checkpoint import CONFIG_FILE, load_checkpoint_tokenizer, load_model, save_model
 from ..model import GPTModel
-from ..tokenizer import HF_GPT2_FILES, Tokenizer, gpt2_tokenizer, tokenizer_from_dir
-from .hf import import_hf, resolve_hf_source
+from ..tokenizer import HF_GPT2_FILES, GPT2Tokenizer, Tokenizer, gpt2_tokenizer, tokenizer_from_dir
+from .hf import export_hf, import_hf, resolve_hf_source
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -57,3 +57,27 @@ def load_pretrained(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model, tokenizer
+
+
+def convert_from_hf(source: str | Path, out: str | Path) -> list[str]:
+    """A Hugging Face GPT-2 folder or hub name -> a tinygpt checkpoint in ``out`` (with its GPT-2 tokenizer files
+    when the folder has vocab.json + merges.txt). Returns the names of the files written."""
+    directory = resolve_hf_source(source)
+    model = import_hf(directory)
+    tokenizer = None
+    if all((directory / name).is_file() for name in HF_GPT2_FILES):
+        tokenizer = tokenizer_from_dir(directory)
+    save_model(model, out, tokenizer=tokenizer)
+    return sorted(p.name for p in Path(out).iterdir())
+
+
+def convert_to_hf(checkpoint: str | Path, out: str | Path) -> list[str]:
+    """A tinygpt checkpoint -> a folder ``transformers.GPT2LMHeadModel.from_pretrained`` loads (plus vocab.json +
+    merges.txt when the checkpoint carries the GPT-2 tokenizer; a char or BPE tokenizer has no GPT-2 form and is
+    not written). Returns the names of the files written."""
+    if not is_tinygpt_checkpoint(checkpoint):
+        raise ValueError(f"{checkpoint} is not a tinygpt checkpoint (no config.json with tinygpt's fields)")
+    model = load_model(checkpoint)
+    tokenizer = load_checkpoint_tokenizer(checkpoint)
+    export_hf(model, out, tokenizer=tokenizer if isinstance(tokenizer, GPT2Tokenizer) else None)
+    return sorted(p.name for p in Path(out).iterdir())

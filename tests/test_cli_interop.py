@@ -1,0 +1,136 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from tinygpt import GPTConfig, GPTModel, generate_greedy
+from tinygpt.cli import main
+from tinygpt.tokenizer import CharTokenizer, gpt2_tokenizer
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+def _model(vocab_size: int, **kw) -> GPTModel:
+    config = GPTConfig(vocab_size=vocab_size, context_length=16, emb_dim=8, n_heads=2, n_layers=1, **kw)
+    return GPTModel(config).eval()
+
+
+def _expected(model, tokenizer, prompt: str, n: int) -> str:
+    out = generate_greedy(model, torch.tensor([tokenizer.encode(prompt)]), n)
+    return tokenizer.decode(out[0].tolist())
+
+
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_generate_with_a_saved_char_tokenizer(tmp_path, capsys):
+    tokenizer = CharTokenizer(TEXT)
+    model = _model(tokenizer.vocab_size)
+    model.save_pretrained(tmp_path, tokenizer=tokenizer)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "the fox", "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out == _expected(model, tokenizer, "the fox", 12) + "\n"
+    assert out.startswith("the fox") and len(out) == len("the fox") + 12 + 1
+
+
+def test_generate_gpt2_vocab_from_tokenizer_dir_env_and_checkpoint(tmp_path, gpt2_vocab_dir, monkeypatch, capsys):
+    monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
+    tokenizer = gpt2_tokenizer(gpt2_vocab_dir)
+    model = _model(50257, qkv_bias=True, tie_weights=True)
+    model.save_pretrained(tmp_path / "bare")
+    expected = _expected(model, tokenizer, "Hello, I am", 5) + "\n"
+    args = ["generate", "--model", str(tmp_path / "bare"), "--prompt", "Hello, I am", "--max-new-tokens", "5"]
+    assert main([*args, "--tokenizer-dir", str(gpt2_vocab_dir)]) == 0
+    assert capsys.readouterr().out == expected
+    monkeypatch.setenv("TINYGPT_GPT2_VOCAB", str(gpt2_vocab_dir))
+    assert main(args) == 0
+    assert capsys.readouterr().out == expected
+    monkeypatch.delenv("TINYGPT_GPT2_VOCAB")
+    model.save_pretrained(tmp_path / "with_tok", tokenizer=tokenizer)
+    assert main(["generate", "--model", str(tmp_path / "with_tok"), "--prompt", "Hello, I am",
+                 "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out == expected
+
+
+def test_generate_from_an_hf_folder_with_its_vocab_files(tmp_path, gpt2_vocab_dir, monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=16, n_embd=8, n_layer=1, n_head=2))
+    hf.save_pretrained(tmp_path)
+    shutil.copyfile(gpt2_vocab_dir / "encoder.json", tmp_path / "vocab.json")
+    shutil.copyfile(gpt2_vocab_dir / "vocab.bpe", tmp_path / "merges.txt")
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "Hello, I am", "--max-new-tokens", "4"]) == 0
+    tokenizer = gpt2_tokenizer(gpt2_vocab_dir)
+    with torch.no_grad():
+        ids = torch.tensor([tokenizer.encode("Hello, I am")])
+        for _ in range(4):
+            ids = torch.cat((ids, hf.eval()(ids).logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    assert capsys.readouterr().out == tokenizer.decode(ids[0].tolist()) + "\n"
+
+
+def test_generate_user_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    model = _model(40)
+    model.save_pretrained(tmp_path / "no_tok")
+    assert main(["generate", "--model", str(tmp_path / "no_tok"), "--prompt", "x"]) == 2
+    _one_line_error(capsys, "has no tokenizer", "--tokenizer-dir")
+    tokenizer = CharTokenizer(TEXT)
+    _model(tokenizer.vocab_size).save_pretrained(tmp_path / "char", tokenizer=tokenizer)
+    assert main(["generate", "--model", str(tmp_path / "char"), "--prompt", "QX"]) == 2
+    _one_line_error(capsys, "character 'Q'")
+    assert main(["generate", "--model", str(tmp_path / "char"), "--prompt", ""]) == 2
+    _one_line_error(capsys, "prompt is empty")
+    assert main(["generate", "--model", str(tmp_path / "char"), "--prompt", "a", "--max-new-tokens", "-1"]) == 2
+    _one_line_error(capsys, "--max-new-tokens")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["generate", "--model", "gpt2", "--prompt", "Hello"]) == 2
+    _one_line_error(capsys, "cannot fetch 'gpt2'")
+
+
+def test_convert_both_ways_and_params_of_the_result(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=2,
+                                                              n_head=2, bos_token_id=None, eos_token_id=None))
+    hf.save_pretrained(tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    assert "config.json, model.safetensors" in capsys.readouterr().out
+    ours = GPTModel.from_pretrained(tmp_path / "ours")
+    assert main(["params", "--model", str(tmp_path / "ours"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"]["total"] == data["stored_parameters"] == ours.num_parameters()
+    assert data["parameters"]["total"] == sum(p.numel() for p in hf.parameters())
+    assert main(["params", "--model", str(tmp_path / "ours")]) == 0
+    assert f"{ours.num_parameters():,}" in capsys.readouterr().out
+    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
+    capsys.readouterr()
+    again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "back").eval()
+    idx = torch.randint(0, 50, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(again(idx).logits, hf.eval()(idx).logits)
+
+
+def test_convert_and_params_errors(tmp_path, capsys):
+    assert main(["convert", "--to-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    _one_line_error(capsys, "not a tinygpt checkpoint")
+    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    _one_line_error(capsys, "config.json is missing")
+    _model(20).save_pretrained(tmp_path / "m")
+    assert main(["params", "--model", str(tmp_path / "m"), "--qkv-bias"]) == 2
+    _one_line_error(capsys, "--qkv-bias")
+    with pytest.raises(SystemExit) as exc:
+        main(["params", "--model", str(tmp_path / "m"), "--config", "tiny"])
+    assert exc.value.code == 2
+    _one_line_error(capsys, "not allowed with argument")
+    with pytest.raises(SystemExit):
+        main(["convert", "--out", str(tmp_path / "x")])
+    _one_line_error(capsys, "one of the arguments --from-hf --to-hf is required")
