@@ -1,0 +1,128 @@
+"""Shared machinery of the benchmark suite: thread pinning, interleaved timing, the matmul ceiling, tables, JSON.
+
+Every case times tinygpt and its references in the same process, interleaved (A B A B ...) after a warm-up, so a
+slow spell of a shared machine hits all of them alike; figures are medians with the min-max spread, and the
+headline numbers are ratios, which survive noise better than absolute times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def pin_threads() -> int:
+    """Give torch one intra-op thread per available core (and one inter-op thread); returns the count."""
+    cores = machine_cores()
+    torch.set_num_threads(cores)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set once the process has run parallel work
+        pass
+    return cores
+
+
+def summarize(times: list[float]) -> dict[str, float]:
+    """Median, min and max of wall-clock seconds, plus the number of samples."""
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "samples": len(times)}
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], *, warmup: int, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Run each function ``warmup`` times, then ``repeats`` rounds of one call each, in turn (A B A B ...).
+
+    Returns ``summarize`` of each function's times, keyed like ``fns``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: summarize(t) for name, t in times.items()}
+
+
+def matmul_ceiling(n: int = 2048, *, warmup: int = 2, repeats: int = 7) -> dict[str, float]:
+    """The machine's float32 matmul rate: an n x n @ n x n product (2 n^3 FLOPs), in GFLOP/s.
+
+    This is the ceiling every forward figure is compared with: a transformer forward is mostly such products,
+    so a forward at ~100% of it would lose nothing to anything else (norms, softmax, copies, Python).
+    """
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=generator)
+    b = torch.randn(n, n, generator=generator)
+    out = torch.empty(n, n)
+    stats = time_interleaved({"matmul": lambda: torch.mm(a, b, out=out)}, warmup=warmup, repeats=repeats)["matmul"]
+    flops = 2.0 * n**3
+    return {
+        "size": n,
+        "gflops_median": flops / stats["median_s"] / 1e9,
+        "gflops_best": flops / stats["min_s"] / 1e9,
+        **stats,
+    }
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """A plain-text table: ``columns`` is [(key, header)]; floats get 3 significant-ish digits."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            if abs(value) >= 100:
+                return f"{value:,.0f}"
+            if abs(value) >= 1:
+                return f"{value:.2f}"
+            return f"{value:.3g}"
+        return str(value)
+
+    body = [[cell(row.get(key)) for key, _ in columns] for row in rows]
+    headers = [header for _, header in columns]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in body]
+    return "\n".join(lines)
+
+
+def spread(stats: dict[str, float]) -> str:
+    """'median [min-max]' in milliseconds."""
+    return f"{stats['median_s'] * 1e3:.1f} [{stats['min_s'] * 1e3:.1f}-{stats['max_s'] * 1e3:.1f}]"
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as JSON: a temp file in the same directory, fsync, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,94 @@
+"""Peak memory (RSS, ``ru_maxrss``): import, build gpt2-small, build + forward 1x1024, each in a fresh process.
+
+A fresh process per measurement because the peak is a high-water mark that never goes down. ``import`` alone is
+recorded too, so the cost of the library imports can be told apart from the model's own.
+
+Run one measurement directly: ``python -m benchmarks.memory --impl tinygpt --work forward [--quick]``
+(prints one JSON line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import format_table
+
+WORKS = ("import", "build", "forward")
+IMPLS = ("tinygpt", "hf")
+ROOT = Path(__file__).resolve().parents[1]  # the directory holding the benchmarks package
+
+
+def _peak_mib() -> float:
+    # Linux reports ru_maxrss in KiB, macOS in bytes.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024**2 if sys.platform == "darwin" else peak / 1024
+
+
+def measure(impl: str, work: str, quick: bool) -> dict[str, Any]:
+    """In this process: import, optionally build and run; return the peak RSS in MiB."""
+    import torch
+
+    from .common import pin_threads
+    from .models import build_hf, build_tinygpt, gpt2_small, logits_of, quick_config
+
+    pin_threads()
+    if impl == "hf":
+        import transformers  # noqa: F401  (the import is part of the measured cost)
+    config = quick_config() if quick else gpt2_small()
+    if work != "import":
+        model = build_tinygpt(config) if impl == "tinygpt" else build_hf(config)
+        if work == "forward":
+            tokens = config.context_length if quick else 1024
+            idx = torch.randint(0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(3))
+            with torch.inference_mode():
+                logits_of(model)(idx)
+    return {"impl": impl, "work": work, "peak_rss_mib": _peak_mib()}
+
+
+def run(quick: bool, works: tuple[str, ...] = WORKS) -> dict[str, Any]:
+    from .models import available
+
+    rows = []
+    skipped = [] if available("hf") else ["hf"]
+    impls = [impl for impl in IMPLS if impl not in skipped]
+    for work in works:
+        for impl in impls:  # interleaved, as everywhere
+            cmd = [sys.executable, "-m", "benchmarks.memory", "--impl", impl, "--work", work]
+            if quick:
+                cmd.append("--quick")
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+            if done.returncode != 0:
+                raise RuntimeError(f"memory measurement {impl}/{work} failed:\n{done.stderr[-2000:]}")
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for row in rows:
+        hf = next((r for r in rows if r["work"] == row["work"] and r["impl"] == "hf"), None)
+        row["ratio_to_hf"] = row["peak_rss_mib"] / hf["peak_rss_mib"] if hf else None
+    return {"rows": rows, "not_available": skipped}
+
+
+def table(result: dict[str, Any]) -> str:
+    columns = [("work", "work"), ("impl", "impl"), ("peak_rss_mib", "peak RSS MiB"), ("ratio_to_hf", "/ HF")]
+    text = format_table(result["rows"], columns)
+    for name in result["not_available"]:
+        text += f"\n{name}: not available (package not installed)"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", choices=IMPLS, required=True)
+    parser.add_argument("--work", choices=WORKS, required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny model instead of gpt2-small")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.impl, args.work, args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

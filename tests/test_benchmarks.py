@@ -1,0 +1,109 @@
+"""The benchmark suite's runner works (quick mode, tiny sizes). No timing is ever asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import gpu, memory, runner
+from benchmarks.common import format_table, time_interleaved, write_json_atomic
+from benchmarks.models import available, build_tinygpt, forward_flops, quick_config
+from tinygpt import generate_greedy
+
+
+def test_time_interleaved_alternates_after_warmup():
+    calls = []
+    stats = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, warmup=1, repeats=3)
+    assert calls == ["a", "b"] * 4
+    assert set(stats) == {"a", "b"} and stats["a"]["samples"] == 3
+    assert stats["a"]["min_s"] <= stats["a"]["median_s"] <= stats["a"]["max_s"]
+    with pytest.raises(ValueError, match="repeats=0"):
+        time_interleaved({"a": lambda: None}, warmup=0, repeats=0)
+
+
+def test_forward_flops_match_the_counted_matmuls_plus_causal_attention():
+    config = quick_config()
+    model = build_tinygpt(config)
+    batch, tokens = 2, 16
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.randint(0, config.vocab_size, (batch, tokens)))
+    linears = counter.get_total_flops()  # projections and head (the counter leaves CPU SDPA out)
+    # Query i sees i + 1 keys: a D-wide dot product per key for the scores and again for the weighted sum.
+    attention = sum(2 * 2 * config.emb_dim * (i + 1) for i in range(tokens)) * batch * config.n_layers
+    assert forward_flops(config, batch, tokens) == linears + attention
+
+
+def test_quick_suite_runs_and_writes_json(tmp_path):
+    path = tmp_path / "out" / "bench.json"
+    assert runner.main(["--quick", "--json", str(path), "--only", "forward,train,bf16,generation"]) == 0
+    result = json.loads(path.read_text())
+    assert result["quick"] is True and result["ceiling"]["gflops_median"] > 0
+    impls = {row["impl"] for row in result["forward"]["rows"]}
+    assert "tinygpt" in impls
+    for row in result["forward"]["rows"]:
+        # Same weights in every implementation: the logits agree to float32 rounding.
+        assert row["max_abs_logit_diff"] < 1e-4
+        assert row["tokens_per_s"] > 0 and row["median_s"] > 0
+    losses = {row["impl"]: row["first_loss"] for row in result["train"]["rows"]}
+    if available("hf"):
+        assert set(impls) >= {"tinygpt", "hf"}
+        assert losses["hf"] == pytest.approx(losses["tinygpt"], abs=1e-4)  # same weights, same batch, same loss
+        assert any(t["target"].startswith("train") for t in result["targets"])
+    assert result["bf16"]["max_abs_logit_deviation"] < 0.1 * result["bf16"]["max_abs_logit_fp32"]
+    assert "generation" in result
+    assert "memory" not in result
+
+
+def test_unknown_case_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        runner.main(["--quick", "--only", "forward,nope"])
+    assert exc.value.code == 2
+    assert "nope" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="allowed"):
+        runner.run_suite(True, ["nope"])
+
+
+@pytest.mark.slow
+def test_memory_case_measures_fresh_processes():
+    result = memory.run(quick=True, works=("forward",))
+    rows = result["rows"]
+    assert {row["work"] for row in rows} == {"forward"}
+    assert all(row["peak_rss_mib"] > 10 for row in rows)
+
+
+def test_gpu_script_runs_tiny_on_cpu(tmp_path, capsys):
+    path = tmp_path / "gpu.json"
+    assert gpu.main(["--tiny", "--device", "cpu", "--steps", "3", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert result["compile"] is False
+    train = result["train"]
+    assert train["last_loss"] < train["first_loss"]  # the same batch every step: AdamW must fit it
+    assert result["generate"]["decode_tokens_per_s"] > 0
+    assert "MFU" in capsys.readouterr().out
+
+
+def test_gpu_cached_decode_matches_greedy_generation():
+    config = quick_config()
+    model = build_tinygpt(config)
+    prompt = torch.randint(0, config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    ids = gpu.decode_greedy(model, config, prompt, new_tokens=7, dtype=torch.float32, device=torch.device("cpu"))
+    assert torch.equal(ids, generate_greedy(model, prompt, 7))
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                       ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                       ("Some Future GPU", None)])
+def test_peak_table_by_device_name(name, peak):
+    assert gpu.peak_tflops(name) == peak
+
+
+def test_table_and_atomic_json(tmp_path):
+    text = format_table([{"a": "x", "b": 1234.5}, {"a": "yy", "b": 0.5}], [("a", "A"), ("b", "B")])
+    assert text.splitlines()[0].split() == ["A", "B"] and "1,234" in text and "0.5" in text
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"k": [1, 2]})
+    assert json.loads(path.read_text()) == {"k": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
