@@ -61,3 +61,41 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------- alignment
+INSTRUCTION_DATA = SHARED_DATA / "instruction-data.json"
+PREFERENCE_DATA = SHARED_DATA / "instruction-data-with-preference.json"
+
+
+@pytest.fixture(scope="session")
+def alignment_tokenizer():
+    """A 400-token byte-level BPE (it has an end-of-text id) trained on the first 48 entries of both data files."""
+    import json
+
+    from tinygpt.alignment.data import format_prompt
+    from tinygpt.tokenizer import BPETokenizer
+
+    if not PREFERENCE_DATA.exists():
+        pytest.skip(f"instruction data not found in {SHARED_DATA}")
+    entries = json.loads(PREFERENCE_DATA.read_text(encoding="utf-8"))[:48]
+    texts = [format_prompt(e["instruction"], e["input"]) + e[k] for e in entries for k in ("output", "chosen",
+                                                                                           "rejected")]
+    return BPETokenizer.train(texts, 400)
+
+
+@pytest.fixture
+def alignment_config(alignment_tokenizer) -> GPTConfig:
+    return GPTConfig(vocab_size=alignment_tokenizer.vocab_size, context_length=128, emb_dim=32, n_heads=2,
+                     n_layers=2, drop_rate=0.0)
+
+
+@pytest.fixture
+def alignment_model_dir(tmp_path, alignment_tokenizer, alignment_config) -> Path:
+    """A seeded tiny GPT saved with the alignment tokenizer."""
+    from tinygpt import GPTModel
+
+    torch.manual_seed(0)
+    path = tmp_path / "base"
+    GPTModel(alignment_config).save_pretrained(path, alignment_tokenizer)
+    return path

@@ -1,0 +1,63 @@
+"""From pretrained model to assistant: supervised fine-tuning, a reward model, RLHF with PPO, DPO, and chat.
+
+- ``data``: the Alpaca prompt template, JSON / JSONL loading, validation that names the bad entry.
+- ``batches``: prompt + response + end-of-text, truncated to C, padded with end-of-text, prompt/pad targets -100.
+- ``loop``: the fine-tuning loop every stage shares (schedule, progress, metrics, checkpoints, resume), built on
+  ``tinygpt.training``'s optimizer, schedule, checkpoint and metrics helpers.
+- ``sft``, ``reward``, ``dpo``, ``ppo`` (the math) + ``ppo_trainer`` (rollouts and updates), ``chat``.
+
+Names are imported on first use (PEP 562), so importing the package is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EncodedExample": "batches",
+    "collate_targets": "batches",
+    "encode_example": "batches",
+    "chat": "chat",
+    "InstructionExample": "data",
+    "PreferenceExample": "data",
+    "format_prompt": "data",
+    "load_instruction_data": "data",
+    "load_preference_data": "data",
+    "load_prompts": "data",
+    "DPOStage": "dpo",
+    "dpo": "dpo",
+    "dpo_loss": "dpo",
+    "token_logprobs": "logprobs",
+    "FinetuneDiverged": "loop",
+    "FinetuneOptions": "loop",
+    "FinetuneResult": "loop",
+    "Stage": "loop",
+    "SupervisedStage": "loop",
+    "run_stage": "loop",
+    "PPOConfig": "ppo",
+    "gae": "ppo",
+    "PPOStage": "ppo_trainer",
+    "ppo": "ppo_trainer",
+    "RewardModel": "reward",
+    "RewardStage": "reward",
+    "bradley_terry_loss": "reward",
+    "load_reward_model": "reward",
+    "save_reward_model": "reward",
+    "train_reward_model": "reward",
+    "SFTStage": "sft",
+    "response_loss": "sft",
+    "sft": "sft",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,181 @@
+"""Instruction and preference data: the Alpaca prompt template, JSON / JSONL loading, and entry validation.
+
+The template is the one of LLMs-from-scratch chapter 7 (``format_input``), itself Stanford Alpaca's::
+
+    Below is an instruction that describes a task. Write a response that appropriately completes the request.
+
+    ### Instruction:
+    {instruction}
+
+    ### Input:
+    {input}
+
+    ### Response:
+    {response}
+
+The ``### Input:`` block is left out when ``input`` is empty. Everything up to and including ``"### Response:\\n"``
+is the *prompt* (the model reads it, the loss ignores it); the response follows, then the end-of-text token.
+
+Files are a JSON list of objects or JSONL (one object per line). An instruction entry has ``instruction``, an
+optional ``input`` and ``output``; a preference entry has ``instruction``, an optional ``input``, ``chosen`` and
+``rejected`` (other keys, such as ``output`` beside the preference keys, are ignored). Every error names the file,
+the entry's index (0-based) and the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+PREAMBLE = ("Below is an instruction that describes a task. "
+            "Write a response that appropriately completes the request.")
+RESPONSE_HEADER = "\n\n### Response:\n"
+SFT_KEYS = ("instruction", "output")
+PREFERENCE_KEYS = ("instruction", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class InstructionExample:
+    """One instruction entry: the prompt's two parts and the desired response."""
+
+    instruction: str
+    input: str
+    output: str
+
+    @property
+    def prompt(self) -> str:
+        return format_prompt(self.instruction, self.input)
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    """One preference entry: a prompt, the preferred response and the dispreferred one."""
+
+    instruction: str
+    input: str
+    chosen: str
+    rejected: str
+
+    @property
+    def prompt(self) -> str:
+        return format_prompt(self.instruction, self.input)
+
+
+def format_prompt(instruction: str, input: str = "") -> str:
+    """The Alpaca prompt (see the module docstring), ending with ``"### Response:\\n"``."""
+    text = f"{PREAMBLE}\n\n### Instruction:\n{instruction}"
+    if input:
+        text += f"\n\n### Input:\n{input}"
+    return text + RESPONSE_HEADER
+
+
+def read_records(path: str | Path) -> list[Any]:
+    """The raw entries of a JSON list file or a JSONL file (chosen by content: a file starting with ``[`` is JSON)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"data file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the data file ({err})") from None
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
+    else:
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not valid JSON ({err}); a JSONL file holds one object "
+                                 f"per line, a JSON file one list") from None
+    if not records:
+        raise ValueError(f"{path}: no entries")
+    return records
+
+
+def _text(record: dict[str, Any], key: str, where: str, *, required: bool, non_empty: bool) -> str:
+    if key not in record:
+        if required:
+            raise ValueError(f"{where}: missing key {key!r}")
+        return ""
+    value = record[key]
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: key {key!r} must be a string, got {type(value).__name__}")
+    if non_empty and not value.strip():
+        what = "empty response" if key in ("output", "chosen", "rejected") else "empty text"
+        raise ValueError(f"{where}: {what} in key {key!r}")
+    return value
+
+
+def _check_object(record: Any, where: str, keys: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is a {type(record).__name__}, expected an object with keys "
+                         f"{', '.join(keys)} (and optionally input)")
+    return record
+
+
+def parse_instruction_records(records: Sequence[Any], source: str = "data") -> list[InstructionExample]:
+    """Validate instruction entries; ``ValueError`` naming ``source``, the entry index and the key."""
+    out = []
+    for i, record in enumerate(records):
+        where = f"{source}: entry {i}"
+        record = _check_object(record, where, SFT_KEYS)
+        out.append(InstructionExample(
+            instruction=_text(record, "instruction", where, required=True, non_empty=True),
+            input=_text(record, "input", where, required=False, non_empty=False),
+            output=_text(record, "output", where, required=True, non_empty=True),
+        ))
+    return out
+
+
+def parse_preference_records(records: Sequence[Any], source: str = "data") -> list[PreferenceExample]:
+    """Validate preference entries (chosen must differ from rejected); errors as ``parse_instruction_records``."""
+    out = []
+    for i, record in enumerate(records):
+        where = f"{source}: entry {i}"
+        record = _check_object(record, where, PREFERENCE_KEYS)
+        example = PreferenceExample(
+            instruction=_text(record, "instruction", where, required=True, non_empty=True),
+            input=_text(record, "input", where, required=False, non_empty=False),
+            chosen=_text(record, "chosen", where, required=True, non_empty=True),
+            rejected=_text(record, "rejected", where, required=True, non_empty=True),
+        )
+        if example.chosen == example.rejected:
+            raise ValueError(f"{where}: 'chosen' and 'rejected' are identical, so the pair states no preference")
+        out.append(example)
+    return out
+
+
+def load_instruction_data(path: str | Path, limit: int | None = None) -> list[InstructionExample]:
+    """Instruction entries of a JSON/JSONL file (the first ``limit`` when given), validated."""
+    records = read_records(path)
+    return parse_instruction_records(records[:limit] if limit else records, str(path))
+
+
+def load_preference_data(path: str | Path, limit: int | None = None) -> list[PreferenceExample]:
+    """Preference entries of a JSON/JSONL file (the first ``limit`` when given), validated."""
+    records = read_records(path)
+    return parse_preference_records(records[:limit] if limit else records, str(path))
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """The Alpaca prompts of an instruction or preference file (only ``instruction`` and ``input`` are read), for
+    PPO, which samples its own responses."""
+    records = read_records(path)
+    records = records[:limit] if limit else records
+    prompts = []
+    for i, record in enumerate(records):
+        where = f"{path}: entry {i}"
+        record = _check_object(record, where, ("instruction",))
+        prompts.append(format_prompt(_text(record, "instruction", where, required=True, non_empty=True),
+                                     _text(record, "input", where, required=False, non_empty=False)))
+    return prompts

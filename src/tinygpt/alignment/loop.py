@@ -1,0 +1,286 @@
+"""The fine-tuning loop shared by SFT, the reward model, DPO and PPO: schedule, progress, metrics, checkpoints, resume.
+
+A *stage* says how to take one step and how to evaluate; this loop does the rest with the pretraining machinery:
+``training.optim`` (AdamW with decay on matrices only, warmup + cosine), ``training.checkpointing`` (atomic
+``step-N/`` folders, resume discovery, pruning) and ``training.metrics`` (``metrics.jsonl``). A ``step-N/`` folder
+is the stage's GPT as a loadable checkpoint plus ``training_state.pt`` holding the optimizer, the RNG states, the
+step, and the stage's extra trainable weights (a reward or value head) and generator states -- only tensors and
+plain values, so it loads with ``weights_only=True``. Batches follow from the step number (``batches``), so a
+resumed run continues the same computation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..checkpoint import load_model
+from ..fileio import atomic_write_text
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+from .batches import batch_for_step, batches_per_epoch, split_indices
+from ..training.checkpointing import (capture_rng_state, list_checkpoints, load_training_state, prune_checkpoints,
+                                      remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
+from ..training.metrics import MetricsLog, plot_losses
+from ..training.optim import build_optimizer, lr_at, set_lr
+
+
+class FinetuneDiverged(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the update was not applied and the last checkpoint is kept."""
+
+
+@dataclass
+class FinetuneOptions:
+    """Settings shared by every stage. ``max_steps`` None = ``epochs`` passes over the training examples."""
+
+    out_dir: str = "runs/finetune"
+    epochs: int = 1
+    max_steps: int | None = None
+    stop_after: int | None = None
+    batch_size: int = 8
+    lr: float = 5e-5
+    min_lr: float | None = None
+    warmup_steps: int = 0
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    checkpoint_every: int | None = None
+    keep_last: int = 2
+    val_fraction: float = 0.1
+    seed: int = 123
+    device: str = "cpu"
+    resume: str | None = None
+    progress: bool = True
+
+    def check(self) -> None:
+        """``ValueError`` naming the first bad setting."""
+        for name in ("epochs", "batch_size", "eval_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        for name in ("max_steps", "stop_after", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be an integer >= 1 (or unset)")
+        for name in ("warmup_steps", "keep_last"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0")
+        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"val_fraction={self.val_fraction!r} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    run_dir: Path
+    step: int
+    records: list[dict[str, Any]]  # every metrics.jsonl record of the run, oldest first
+    last_eval: dict[str, float]
+
+
+class Stage:
+    """One fine-tuning stage. Subclasses set the attributes and implement ``train_step`` and ``evaluate``."""
+
+    name: str = "stage"
+    policy: GPTModel  # the GPT that is trained and saved as the model of every step-N/ checkpoint
+    heads: nn.ModuleDict  # further trainable modules (reward head, value head), saved in the training state
+    tokenizer: Tokenizer | None
+    steps_per_epoch: int = 1
+    postfix_keys: tuple[str, ...] = ("loss",)  # the metrics shown on the progress bar
+
+    def train_step(self, step: int, optimizer: torch.optim.Optimizer, grad_clip: float) -> dict[str, float]:
+        """One optimizer step (or several, for PPO) at 0-based ``step``; returns the metrics to log."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics (no gradients)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Extra state to resume exactly (tensors and plain values only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def plot(self, records: list[dict[str, Any]], run_dir: Path) -> None:
+        """Draw the run's curves into ``run_dir`` (called after each evaluation)."""
+
+    def export(self, run_dir: Path) -> None:
+        """Write the finished model into ``run_dir`` (default: the policy via ``export_model_files``)."""
+        from ..training.checkpointing import export_model_files
+
+        export_model_files(self.policy, self.tokenizer, run_dir)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: float, grad_clip: float, step: int) -> float:
+    """Clip (``grad_clip`` 0 = measure only), refuse a non-finite loss or norm, step, zero the gradients; returns
+    the gradient norm before clipping."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf))
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise FinetuneDiverged(f"step {step + 1}: loss {loss}, gradient norm {norm} (not finite); the update was not "
+                               f"applied; try a lower --lr")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def _trainable(stage: Stage) -> nn.ModuleDict:
+    return nn.ModuleDict({"policy": stage.policy, "heads": stage.heads})
+
+
+def _restore(stage: Stage, optimizer: torch.optim.Optimizer, directory: Path) -> int:
+    state = load_training_state(directory)
+    if state.get("stage") != stage.name:
+        raise ValueError(f"{directory} is a checkpoint of the {state.get('stage')!r} stage, not {stage.name!r}")
+    saved = load_model(directory, device=next(stage.policy.parameters()).device)
+    if saved.config != stage.policy.config:
+        raise ValueError(f"{directory}: the checkpoint's model config differs from the starting model's")
+    stage.policy.load_state_dict(saved.state_dict())
+    stage.heads.load_state_dict(state["heads"])
+    optimizer.load_state_dict(state["optimizer"])
+    stage.load_state_dict(state["stage_state"])
+    restore_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
+    """Train ``stage`` as ``options`` say, writing checkpoints and ``metrics.jsonl`` into ``options.out_dir``;
+    the finished model is exported into that folder (``Stage.export``) and summarized in ``summary.json``."""
+    options.check()
+    run_dir = Path(options.out_dir)
+    remove_partial_checkpoints(run_dir)
+    max_steps = options.max_steps or options.epochs * stage.steps_per_epoch
+    end = max_steps if options.stop_after is None else min(max_steps, options.stop_after)
+    min_lr = options.lr / 10 if options.min_lr is None else options.min_lr
+    modules = _trainable(stage)
+    optimizer = build_optimizer(modules, lr=options.lr, weight_decay=options.weight_decay)
+
+    resume_from = resolve_resume(options.resume, run_dir)
+    step = 0
+    if resume_from is not None:
+        step = _restore(stage, optimizer, resume_from)
+        tqdm.write(f"resumed {stage.name} from {resume_from} at step {step}", file=sys.stderr)
+    if resume_from is None and list_checkpoints(run_dir):
+        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
+                         f"another --out")
+    if step >= max_steps:
+        raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}")
+    else:
+        torch.manual_seed(options.seed)  # dropout masks and sampling of a fresh run; a resume restored the saved RNG
+    log = MetricsLog(run_dir / "metrics.jsonl", step if resume_from is not None else None)
+    checkpoint_every = options.checkpoint_every or options.eval_every
+    last_eval: dict[str, float] = {}
+    bar = tqdm(total=max_steps, initial=step, desc=stage.name, disable=not options.progress, dynamic_ncols=True)
+    stage.policy.train()
+    stage.heads.train()
+    try:
+        while step < end:
+            lr = lr_at(step, lr=options.lr, min_lr=min_lr, warmup_steps=options.warmup_steps, max_steps=max_steps)
+            set_lr(optimizer, lr)
+            t0 = time.perf_counter()
+            metrics = stage.train_step(step, optimizer, options.grad_clip)
+            step += 1
+            record: dict[str, Any] = {"step": step, "lr": lr, **metrics, "step_seconds": time.perf_counter() - t0}
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items() if k in stage.postfix_keys},
+                            refresh=False)
+            evaluated = step % options.eval_every == 0 or step == end
+            if evaluated:
+                last_eval = stage.evaluate()
+                stage.policy.train()
+                stage.heads.train()
+                record.update(last_eval)
+            log.append(record)
+            if evaluated:
+                stage.plot(log.records, run_dir)
+            if step % checkpoint_every == 0 or step == end:
+                state = {"stage": stage.name, "step": step, "optimizer": optimizer.state_dict(),
+                         "rng": capture_rng_state(), "heads": stage.heads.state_dict(),
+                         "stage_state": stage.state_dict(),
+                         "options": {k: v for k, v in asdict(options).items() if isinstance(v, (int, float, str))}}
+                save_checkpoint(run_dir, step, stage.policy, stage.tokenizer, state)
+                prune_checkpoints(run_dir, options.keep_last)
+    finally:
+        bar.close()
+    if step == max_steps:
+        stage.export(run_dir)
+        summary = {"stage": stage.name, "step": step, **last_eval}
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return FinetuneResult(run_dir, step, list(log.records), last_eval)
+
+
+class SupervisedStage(Stage):
+    """A stage trained on a fixed list of examples: subclasses implement ``loss(items) -> (loss, metrics)``.
+
+    The examples are split once (seeded) into train and val; step s trains on ``batch_for_step(s)``. Evaluation
+    averages the metrics over all val items and over as many train items (the first ones), reported as
+    ``val_<name>`` / ``train_<name>`` (so ``train_loss`` / ``val_loss`` for the loss).
+    """
+
+    def __init__(self, items: Sequence[Any], *, batch_size: int, val_fraction: float, seed: int) -> None:
+        train_idx, val_idx = split_indices(len(items), val_fraction, seed)
+        self.train_items = [items[i] for i in train_idx]
+        self.val_items = [items[i] for i in val_idx]
+        self.batch_size = batch_size
+        self.seed = seed
+        self.steps_per_epoch = batches_per_epoch(len(self.train_items), batch_size)
+
+    def loss(self, items: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def train_step(self, step: int, optimizer: torch.optim.Optimizer, grad_clip: float) -> dict[str, float]:
+        chosen = batch_for_step(len(self.train_items), self.batch_size, step, self.seed)
+        loss, metrics = self.loss([self.train_items[i] for i in chosen])
+        loss.backward()
+        metrics["grad_norm"] = optimizer_step(optimizer, float(loss.detach()), grad_clip, step)
+        return metrics
+
+    @torch.no_grad()
+    def _average(self, items: Sequence[Any]) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for start in range(0, len(items), self.batch_size):
+            part = items[start : start + self.batch_size]
+            _, metrics = self.loss(part)
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value * len(part)
+        return {name: value / len(items) for name, value in totals.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        self.policy.eval()
+        self.heads.eval()
+        result = {}
+        splits = {"train": self.train_items[: max(len(self.val_items), self.batch_size)], "val": self.val_items}
+        for split, items in splits.items():
+            if items:
+                result.update({f"{split}_{k}": v for k, v in self._average(items).items()})
+        return result
+
+    def plot(self, records: list[dict[str, Any]], run_dir: Path) -> None:
+        plot_losses(records, run_dir / "loss.png")
+
+
+def load_start_model(source: str | Path, device: str | torch.device = "cpu") -> tuple[GPTModel, Tokenizer]:
+    """The model a stage starts from (a tinygpt checkpoint, a Hugging Face GPT-2 folder or a hub name) and its
+    tokenizer, which fine-tuning cannot do without."""
+    from ..interop.pretrained import load_pretrained
+
+    model, tokenizer = load_pretrained(source, device=device)
+    if tokenizer is None:
+        raise ValueError(f"{source} has no tokenizer saved beside it; fine-tuning needs the model's tokenizer")
+    return model, tokenizer

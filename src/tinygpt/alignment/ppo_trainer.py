@@ -1,0 +1,249 @@
+"""The PPO stage: sample responses with the cached engine, score them, then several epochs of clipped updates.
+
+One loop step = one rollout batch of ``batch_size`` prompts:
+
+1. sample a response per prompt (``tinygpt.generation.generate``, KV cache, temperature sampling with the stage's
+   own ``torch.Generator``, stopping at end-of-text);
+2. score each (prompt, response) with ``reward_fn`` (a reward model, or any rule) -> [B];
+3. with no gradient: the policy's log-probabilities and values, the reference's log-probabilities, the per-token
+   rewards, GAE advantages and returns (``ppo``);
+4. ``ppo_epochs`` passes over the batch (in minibatches) with the clipped policy + value losses.
+
+The policy runs with dropout off throughout (eval mode; gradients still flow), so that pi_new / pi_old is exactly
+1 at the first update and the ratio measures only what the updates changed. The value head is a linear layer on the
+policy's own final hidden states (a shared trunk, as in InstructGPT's setup).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..generation import generate
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+from .batches import batch_for_step, batches_per_epoch, encode_prompt, end_of_text_id, split_indices
+from .data import load_prompts
+from .logprobs import entropy, masked_mean
+from .loop import FinetuneOptions, FinetuneResult, Stage, load_start_model, optimizer_step, run_stage
+from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
+
+RewardFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], torch.Tensor]  # (prompts, responses) -> [B]
+
+
+@dataclass
+class Rollout:
+    """A scored batch, ready for the updates. [B, L-1] inputs; [B, N] per-action tensors (see ``ppo``)."""
+
+    inputs: torch.Tensor
+    action_index: torch.Tensor  # [B, N] where action k of row i is predicted: prompt_len_i - 1 + k
+    actions: torch.Tensor  # [B, N] the sampled token ids
+    mask: torch.Tensor  # [B, N] bool
+    logp_old: torch.Tensor
+    values_old: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    scores: torch.Tensor  # [B]
+    kl: torch.Tensor  # [B] summed per-token KL estimate
+    entropy: float
+
+
+def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs [B, L-1], action_index [B, N], actions [B, N], mask [B, N]) for prompt + response rows, right-
+    padded (causal attention: padding after a row's tokens never changes them)."""
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    width = max(len(s) for s in seqs) - 1
+    n = max(len(r) for r in responses)
+    inputs = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    action_index = torch.zeros((len(seqs), n), dtype=torch.long)
+    actions = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.bool)
+    for i, (p, r, s) in enumerate(zip(prompts, responses, seqs)):
+        inputs[i, : len(s) - 1] = torch.tensor(s[:-1])
+        action_index[i, : len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+        actions[i, : len(r)] = torch.tensor(list(r))
+        mask[i, : len(r)] = True
+    return inputs, action_index, actions, mask
+
+
+def action_logprobs_values(model: GPTModel, value_head: nn.Module | None, inputs: torch.Tensor,
+                           action_index: torch.Tensor, actions: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(log pi(a) [B, N], values [B, N] or None, entropy [B, N]) at the action positions, one trunk pass."""
+    h = model.hidden_states(inputs)  # [B, L-1, D]
+    h = h.gather(1, action_index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # [B, N, D]
+    logits = model.out_head(h).float()  # [B, N, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    values = value_head(h).squeeze(-1).float() if value_head is not None else None
+    return logp, values, entropy(logits)
+
+
+class PPOStage(Stage):
+    """PPO of ``policy`` on prompts (token ids) against ``reward_fn``, KL-anchored to ``reference``."""
+
+    name = "ppo"
+    postfix_keys = ("reward", "kl")
+
+    def __init__(self, policy: GPTModel, prompts: Sequence[Sequence[int]], reward_fn: RewardFn, *,
+                 tokenizer: Tokenizer | None = None, reference: GPTModel | None = None,
+                 config: PPOConfig | None = None, eos_id: int | None = None, pad_id: int | None = None,
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123) -> None:
+        self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
+        self.config = config or PPOConfig()
+        self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
+        param = next(policy.parameters())
+        value_head = nn.Linear(policy.config.emb_dim, 1, device=param.device, dtype=param.dtype)
+        nn.init.normal_(value_head.weight, std=0.02)
+        nn.init.zeros_(value_head.bias)
+        self.heads = nn.ModuleDict({"value": value_head})
+        self.eos_id = eos_id
+        self.pad_id = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
+        c = policy.config.context_length
+        for i, p in enumerate(prompts):
+            if not 1 <= len(p) < c:  # the reward model reads prompt + response: at most C tokens
+                raise ValueError(f"prompt {i} has {len(p)} tokens; PPO needs 1..{c - 1} (context_length={c} minus "
+                                 f"room for one response token)")
+        train_idx, val_idx = split_indices(len(prompts), val_fraction, seed)
+        self.train_prompts = [list(prompts[i]) for i in train_idx]
+        self.val_prompts = [list(prompts[i]) for i in val_idx]
+        self.batch_size, self.seed = batch_size, seed
+        self.steps_per_epoch = batches_per_epoch(len(self.train_prompts), batch_size)
+        self.generator = torch.Generator(device=param.device).manual_seed(seed)
+
+    def _sample(self, prompts: list[list[int]], greedy: bool = False) -> list[list[int]]:
+        c = self.policy.config
+        # prompt + response must fit one forward: the reward model reads them whole.
+        room = c.context_length - max(len(p) for p in prompts)
+        result = generate(self.policy, prompts, max_new_tokens=min(self.config.max_new_tokens, room),
+                          temperature=0.0 if greedy else self.config.temperature, top_k=self.config.top_k,
+                          eos_id=self.eos_id, pad_id=self.pad_id, generator=None if greedy else self.generator)
+        return result.rows()
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[list[int]]) -> Rollout:
+        cfg, device = self.config, next(self.policy.parameters()).device
+        responses = self._sample(prompts)
+        scores = self.reward_fn(prompts, responses).detach().float().to(device)  # [B]
+        inputs, action_index, actions, mask = (t.to(device) for t in build_batch(prompts, responses, self.pad_id))
+        logp_old, values_old, ent = action_logprobs_values(self.policy, self.heads["value"], inputs, action_index,
+                                                           actions)
+        logp_ref, _, _ = action_logprobs_values(self.reference, None, inputs, action_index, actions)
+        rewards, kl = token_rewards(scores, logp_old, logp_ref, mask, cfg.kl_coef)
+        advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.lam)
+        return Rollout(inputs, action_index, actions, mask, logp_old, values_old * mask,
+                       whiten(advantages, mask), returns, scores, kl.sum(dim=1), float(masked_mean(ent, mask)))
+
+    def train_step(self, step: int, optimizer: torch.optim.Optimizer, grad_clip: float) -> dict[str, float]:
+        cfg = self.config
+        self.policy.eval()  # dropout off: see the module docstring
+        chosen = batch_for_step(len(self.train_prompts), self.batch_size, step, self.seed)
+        r = self.rollout([self.train_prompts[i] for i in chosen])
+        b = r.inputs.shape[0]
+        size = cfg.minibatch_size or b
+        totals = {"policy_loss": 0.0, "value_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        updates = 0
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(b, generator=self.generator, device=self.generator.device).to(r.inputs.device)
+            for start in range(0, b, size):
+                rows = order[start : start + size]
+                mask = r.mask[rows]
+                logp, values, ent = action_logprobs_values(self.policy, self.heads["value"], r.inputs[rows],
+                                                           r.action_index[rows], r.actions[rows])
+                p_loss, clip_fraction = policy_loss(logp, r.logp_old[rows], r.advantages[rows], mask, cfg.clip_range)
+                v_loss = value_loss(values, r.values_old[rows], r.returns[rows], mask, cfg.value_clip_range)
+                loss = p_loss + cfg.value_coef * v_loss - cfg.entropy_coef * masked_mean(ent, mask)
+                loss.backward()
+                totals["grad_norm"] += optimizer_step(optimizer, float(loss.detach()), grad_clip, step)
+                totals["policy_loss"] += float(p_loss.detach())
+                totals["value_loss"] += float(v_loss.detach())
+                totals["clip_fraction"] += float(clip_fraction)
+                updates += 1
+        metrics = {k: v / updates for k, v in totals.items()}
+        metrics.update(reward=float(r.scores.mean()), kl=float(r.kl.mean()), entropy=r.entropy,
+                       response_length=float(r.mask.sum(dim=1).float().mean()))
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean reward of greedy responses to the held-out prompts (at most one batch of them)."""
+        prompts = self.val_prompts[: self.batch_size]
+        if not prompts:
+            return {}
+        responses = self._sample(prompts, greedy=True)
+        return {"val_reward": float(self.reward_fn(prompts, responses).float().mean())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+    def plot(self, records: list[dict[str, Any]], run_dir: Path) -> None:
+        plot_reward_and_kl(records, Path(run_dir) / "ppo.png")
+
+
+def plot_reward_and_kl(records: list[dict[str, Any]], path: Path) -> None:
+    """Mean reward and KL to the reference per PPO step, as a two-panel PNG (written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..fileio import atomic_write_with
+
+    steps = [r["step"] for r in records if "reward" in r]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    top.plot(steps, [r["reward"] for r in records if "reward" in r], label="mean reward (sampled)")
+    evals = [r for r in records if "val_reward" in r]
+    if evals:
+        top.plot([r["step"] for r in evals], [r["val_reward"] for r in evals], "o-", label="val reward (greedy)")
+    top.set_ylabel("reward")
+    top.legend()
+    bottom.plot(steps, [r["kl"] for r in records if "kl" in r], color="tab:red")
+    bottom.set_ylabel("KL to reference (nats/response)")
+    bottom.set_xlabel("PPO step")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:
+    """Score (prompt, response) pairs with a ``RewardModel`` on the concatenated ids."""
+    def score(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:
+        return reward_model.score([list(p) + list(r) for p, r in zip(prompts, responses)], pad_id)
+
+    return score
+
+
+def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: FinetuneOptions,
+        config: PPOConfig | None = None, *, limit: int | None = None) -> FinetuneResult:
+    """``tinygpt ppo``: PPO of the GPT at ``policy`` (also the frozen reference) against the reward model at
+    ``reward``, on the prompts of ``data`` (an instruction or preference file; only instruction/input are read)."""
+    from .reward import load_reward_model
+
+    options.check()
+    config = config or PPOConfig()
+    model, tokenizer = load_start_model(policy, options.device)
+    reward_model, reward_tokenizer = load_reward_model(reward, device=options.device)
+    if reward_tokenizer is not None and (reward_tokenizer.kind, reward_tokenizer.vocab_size) != (
+            tokenizer.kind, tokenizer.vocab_size):
+        raise ValueError(f"the reward model's tokenizer ({reward_tokenizer!r}) differs from the policy's "
+                         f"({tokenizer!r}): both must read the same token ids")
+    if reward_model.trunk.config.context_length < model.config.context_length:
+        raise ValueError(f"the reward model's context_length={reward_model.trunk.config.context_length} is shorter "
+                         f"than the policy's {model.config.context_length}")
+    eot = end_of_text_id(tokenizer)
+    c = model.config.context_length
+    prompts = [encode_prompt(tokenizer, p, c, f"{data}: entry {i}") for i, p in enumerate(load_prompts(data, limit))]
+    stage = PPOStage(model, prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer, config=config,
+                     eos_id=eot, pad_id=eot, batch_size=options.batch_size, val_fraction=options.val_fraction,
+                     seed=options.seed)
+    return run_stage(stage, options)

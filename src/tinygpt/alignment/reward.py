@@ -1,0 +1,170 @@
+"""The reward model (stage three): the GPT trunk + a scalar head, trained on preference pairs (Bradley-Terry).
+
+r(x) = w . h_last + b, where h_last [D] is the final-normed hidden state (``GPTModel.hidden_states``) at the last
+real token of prompt + response + end-of-text -- the one position that has read the whole answer (causal
+attention). The language-model head is not used. Under the Bradley-Terry model P(chosen > rejected) =
+sigmoid(r_chosen - r_rejected), so the loss is -log sigmoid(r_chosen - r_rejected) (InstructGPT, eq. 1).
+
+Saved as a directory: the trunk as an ordinary tinygpt checkpoint (``save_model``) plus ``reward_head.safetensors``
+(``weight`` [1, D], ``bias`` [1]); ``save_reward_model`` writes it all atomically. ``load_reward_model`` also reads
+a ``step-N/`` folder of a reward run, whose head lives in the training state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoint import load_checkpoint_tokenizer, load_model, save_model
+from ..fileio import atomic_directory, atomic_write_with
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
+from .data import PreferenceExample, load_preference_data
+from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+
+HEAD_FILE = "reward_head.safetensors"
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    chosen: EncodedExample
+    rejected: EncodedExample
+
+
+def encode_preferences(tokenizer: Tokenizer, examples: Sequence[PreferenceExample], context_length: int,
+                       source: str = "data") -> list[EncodedPair]:
+    """Tokenize prompt + chosen / rejected + end-of-text (truncated to C + 1); errors name the entry and key."""
+    pairs = []
+    for i, e in enumerate(examples):
+        where = f"{source}: entry {i}"
+        pairs.append(EncodedPair(encode_example(tokenizer, e.prompt, e.chosen, context_length, where, "chosen"),
+                                 encode_example(tokenizer, e.prompt, e.rejected, context_length, where, "rejected")))
+    return pairs
+
+
+class RewardModel(nn.Module):
+    """A GPT trunk and a scalar head: ids [B, T] + real lengths [B] -> rewards [B]."""
+
+    def __init__(self, trunk: GPTModel, head: nn.Linear | None = None) -> None:
+        super().__init__()
+        self.trunk = trunk
+        if head is None:
+            param = next(trunk.parameters())
+            head = nn.Linear(trunk.config.emb_dim, 1, device=param.device, dtype=param.dtype)
+            nn.init.normal_(head.weight, std=0.02)  # GPT-2's init, like every other linear layer
+            nn.init.zeros_(head.bias)
+        self.head = head
+
+    def forward(self, idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = self.trunk.hidden_states(idx)  # [B, T, D]
+        last = h[torch.arange(idx.shape[0], device=idx.device), lengths.to(idx.device) - 1]  # [B, D]
+        return self.head(last).squeeze(-1)  # [B]
+
+    @torch.no_grad()
+    def score(self, sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+        """Rewards [B] (float32, CPU) of token sequences of any lengths (each at most C)."""
+        ids, lengths = collate_sequences(sequences, pad_id)
+        return self(ids.to(next(self.parameters()).device), lengths).float().cpu()
+
+
+def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
+    """Mean of -log sigmoid(r_chosen - r_rejected) over the pairs ([B], [B] -> scalar); logsigmoid is stable."""
+    return -F.logsigmoid(r_chosen.float() - r_rejected.float()).mean()
+
+
+def _head_state(head: nn.Linear) -> dict[str, torch.Tensor]:
+    return {"weight": head.weight.detach().cpu().contiguous(), "bias": head.bias.detach().cpu().contiguous()}
+
+
+def save_reward_model(model: RewardModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
+    """Trunk (``save_model``) + ``reward_head.safetensors`` in one atomically replaced directory."""
+    from safetensors.torch import save_file
+
+    with atomic_directory(directory) as tmp:
+        save_model(model.trunk, tmp, tokenizer)
+        save_file(_head_state(model.head), tmp / HEAD_FILE, metadata={"producer": "tinygpt", "kind": "reward-head"})
+
+
+def _head_from_state(state: dict[str, torch.Tensor], emb_dim: int, source: Path) -> nn.Linear:
+    expected = {"weight": (1, emb_dim), "bias": (1,)}
+    for name, shape in expected.items():
+        if name not in state or tuple(state[name].shape) != shape:
+            got = tuple(state[name].shape) if name in state else "missing"
+            raise ValueError(f"{source}: reward head tensor {name!r} must have shape {list(shape)}, got {got}")
+    head = nn.Linear(emb_dim, 1)
+    head.load_state_dict({k: state[k].float() for k in expected})
+    return head
+
+
+def load_reward_model(directory: str | Path, *, device: str | torch.device = "cpu"
+                      ) -> tuple[RewardModel, Tokenizer | None]:
+    """(reward model in eval mode, its tokenizer) from a reward directory or a reward run's ``step-N/`` folder."""
+    from safetensors.torch import load_file
+
+    from ..training.checkpointing import STATE_FILE, load_training_state
+
+    directory = Path(directory)
+    trunk = load_model(directory, device=device)
+    if (directory / HEAD_FILE).is_file():
+        head = _head_from_state(load_file(str(directory / HEAD_FILE)), trunk.config.emb_dim, directory / HEAD_FILE)
+    elif (directory / STATE_FILE).is_file():
+        heads = load_training_state(directory).get("heads", {})
+        head = _head_from_state({k.removeprefix("reward."): v for k, v in heads.items()}, trunk.config.emb_dim,
+                                directory / STATE_FILE)
+    else:
+        raise ValueError(f"{directory} is not a reward model: {HEAD_FILE} is missing (train one with tinygpt reward)")
+    head = head.to(device=device, dtype=next(trunk.parameters()).dtype)
+    return RewardModel(trunk, head).eval(), load_checkpoint_tokenizer(directory)
+
+
+class RewardStage(SupervisedStage):
+    """Train a reward model on preference pairs; metrics: loss, accuracy (r_chosen > r_rejected), margin."""
+
+    name = "reward"
+    postfix_keys = ("loss", "accuracy")
+
+    def __init__(self, model: RewardModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123, source: str = "data") -> None:
+        self.model = model
+        self.policy, self.tokenizer = model.trunk, tokenizer
+        self.heads = nn.ModuleDict({"reward": model.head})
+        self.pad_id = end_of_text_id(tokenizer)
+        pairs = encode_preferences(tokenizer, examples, model.trunk.config.context_length, source)
+        super().__init__(pairs, batch_size=batch_size, val_fraction=val_fraction, seed=seed)
+
+    def loss(self, items: Sequence[EncodedPair]) -> tuple[torch.Tensor, dict[str, float]]:
+        device = next(self.policy.parameters()).device
+        # Chosen and rejected go through the trunk as one batch of 2B rows.
+        ids, lengths = collate_sequences([p.chosen.ids for p in items] + [p.rejected.ids for p in items], self.pad_id)
+        rewards = self.model(ids.to(device), lengths)  # [2B]
+        r_chosen, r_rejected = rewards[: len(items)], rewards[len(items):]
+        loss = bradley_terry_loss(r_chosen, r_rejected)
+        margin = (r_chosen - r_rejected).detach().float()
+        return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
+                      "margin": float(margin.mean())}
+
+    def export(self, run_dir: Path) -> None:
+        """The head first, then the trunk's files (each replaced atomically, config last)."""
+        from safetensors.torch import save_file
+
+        from ..training.checkpointing import export_model_files
+
+        atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
+        export_model_files(self.policy, self.tokenizer, run_dir)
+
+
+def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None
+                       ) -> FinetuneResult:
+    """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``."""
+    options.check()
+    examples = load_preference_data(data, limit)
+    trunk, tokenizer = load_start_model(model, options.device)
+    stage = RewardStage(RewardModel(trunk), tokenizer, examples, batch_size=options.batch_size,
+                        val_fraction=options.val_fraction, seed=options.seed, source=str(data))
+    return run_stage(stage, options)

@@ -1,0 +1,65 @@
+"""Supervised fine-tuning (stage two of the seeds' four): next-token loss on the response tokens only.
+
+Each example is the Alpaca prompt + the response + end-of-text (``data``, ``batches``). The loss is the usual
+cross-entropy of the pretraining loop, but prompt and padding targets are -100, so they contribute nothing -- not a
+small weight, exactly zero gradient -- and the model is taught to answer, not to reproduce instructions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_example, end_of_text_id
+from .data import InstructionExample, load_instruction_data
+from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+
+
+def response_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the non-ignored targets: logits [B, T, V], targets [B, T] (-100 = ignore)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def encode_instructions(tokenizer: Tokenizer, examples: Sequence[InstructionExample], context_length: int,
+                        source: str = "data") -> list[EncodedExample]:
+    """Tokenize every example (prompt + output + end-of-text, truncated to C + 1); errors name the entry."""
+    return [encode_example(tokenizer, e.prompt, e.output, context_length, f"{source}: entry {i}", "output")
+            for i, e in enumerate(examples)]
+
+
+class SFTStage(SupervisedStage):
+    """Fine-tune ``model`` on instruction examples with ``response_loss``."""
+
+    name = "sft"
+
+    def __init__(self, model: GPTModel, tokenizer: Tokenizer, examples: Sequence[InstructionExample], *,
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123, source: str = "data") -> None:
+        self.policy, self.tokenizer = model, tokenizer
+        self.heads = nn.ModuleDict()
+        self.pad_id = end_of_text_id(tokenizer)
+        encoded = encode_instructions(tokenizer, examples, model.config.context_length, source)
+        super().__init__(encoded, batch_size=batch_size, val_fraction=val_fraction, seed=seed)
+
+    def loss(self, items: Sequence[EncodedExample]) -> tuple[torch.Tensor, dict[str, float]]:
+        device = next(self.policy.parameters()).device
+        inputs, targets = (t.to(device) for t in collate_targets(items, self.pad_id))
+        loss = response_loss(self.policy(inputs), targets)
+        return loss, {"loss": float(loss.detach())}
+
+
+def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None
+        ) -> FinetuneResult:
+    """``tinygpt sft``: fine-tune the model at ``model`` on the instruction file ``data``; the result (and its
+    tokenizer) lands in ``options.out_dir``, loadable by ``load_model`` / ``tinygpt generate`` / ``tinygpt chat``."""
+    options.check()
+    examples = load_instruction_data(data, limit)
+    base, tokenizer = load_start_model(model, options.device)
+    stage = SFTStage(base, tokenizer, examples, batch_size=options.batch_size, val_fraction=options.val_fraction,
+                     seed=options.seed, source=str(data))
+    return run_stage(stage, options)
