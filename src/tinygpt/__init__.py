@@ -3,7 +3,8 @@
 from .config import PRESETS, GPTConfig, get_config
 from .generation import GenerationConfig, GenerationResult, generate, generate_greedy, stream
 from .kv_cache import KVCache
-from .layers import GELU, FeedForward, LayerNorm, MultiHeadAttention, TransformerBlock
+from .layers import GELU, FeedForward, LayerNorm, MultiHeadAttention, RMSNorm, SwiGLU, TransformerBlock
+from .rope import RotaryEmbedding, apply_rope
 from .model import DummyGPTModel, GPTModel
 from .params import ParameterCount, count_parameters
 from .text_stream import generate_text, stream_text
@@ -32,6 +33,10 @@ __all__ = [
     "LayerNorm",
     "MultiHeadAttention",
     "ParameterCount",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "apply_rope",
     "TransformerBlock",
     "count_parameters",
     "BPETokenizer",

@@ -347,3 +347,7 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
             f"elsewhere and pass its path"
         ) from None
     return directory
+
+
+# The Llama converter (RMSNorm, SwiGLU, RoPE, GQA) lives in its own module; these names make it reachable from here.
+from .llama import from_llama_state_dict, llama_config_to_tinygpt, load_llama_folder  # noqa: E402,F401
