@@ -1,0 +1,97 @@
+"""Supervised fine-tuning: response-only loss (masked targets get exactly zero gradient), training lowers the
+response loss, exact resume, and the CLI round trip to a model `chat` can load."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import INSTRUCTION_DATA
+from tinygpt import GPTModel, load_checkpoint_tokenizer, load_model
+from tinygpt.alignment.batches import IGNORE_INDEX, collate_targets
+from tinygpt.alignment.data import load_instruction_data
+from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment.sft import SFTStage, encode_instructions, response_loss
+from tinygpt.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_masked_positions_get_exactly_zero_gradient(alignment_tokenizer, alignment_config):
+    examples = load_instruction_data(INSTRUCTION_DATA, limit=4)
+    encoded = encode_instructions(alignment_tokenizer, examples, alignment_config.context_length)
+    inputs, targets = collate_targets(encoded, alignment_tokenizer.eot_id)
+    model = GPTModel(alignment_config)
+    logits = model(inputs)  # [B, T, V]
+    logits.retain_grad()
+    loss = response_loss(logits, targets)
+    loss.backward()
+    masked = targets == IGNORE_INDEX
+    assert masked.any() and (~masked).any()
+    assert torch.count_nonzero(logits.grad[masked]) == 0  # prompt and padding: exactly no gradient
+    assert (logits.grad[~masked].abs().sum(dim=-1) > 0).all()  # every response target: some gradient
+    # The loss is the mean over response targets only.
+    per_token = F.cross_entropy(logits.detach().flatten(0, 1), targets.clamp(min=0).flatten(), reduction="none")
+    assert torch.allclose(loss, per_token[~masked.flatten()].mean(), rtol=1e-6)
+
+
+def _stage(tokenizer, config, n=32, seed=1):
+    torch.manual_seed(0)
+    examples = load_instruction_data(INSTRUCTION_DATA, limit=n)
+    return SFTStage(GPTModel(config), tokenizer, examples, batch_size=8, val_fraction=0.125, seed=seed)
+
+
+def test_sft_lowers_the_response_loss(tmp_path, alignment_tokenizer, alignment_config):
+    stage = _stage(alignment_tokenizer, alignment_config)
+    before = stage.evaluate()
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "run"), max_steps=12, lr=3e-3, eval_every=12,
+                                              progress=False))
+    after = result.last_eval
+    assert after["train_loss"] < before["train_loss"] - 0.5
+    assert after["val_loss"] < before["val_loss"]
+    assert [r["step"] for r in result.records] == list(range(1, 13))
+    assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "step-12").is_dir()
+    reloaded = load_model(tmp_path / "run")
+    assert torch.equal(reloaded.out_head.weight, stage.policy.out_head.weight)
+    assert load_checkpoint_tokenizer(tmp_path / "run").vocab_size == alignment_tokenizer.vocab_size
+
+
+def test_resume_continues_the_same_computation(tmp_path, alignment_tokenizer, alignment_config):
+    options = dict(max_steps=6, lr=3e-3, eval_every=100, progress=False)
+    straight = _stage(alignment_tokenizer, alignment_config)
+    run_stage(straight, FinetuneOptions(out_dir=str(tmp_path / "a"), **options))
+    first = _stage(alignment_tokenizer, alignment_config)
+    run_stage(first, FinetuneOptions(out_dir=str(tmp_path / "b"), stop_after=3, **options))
+    assert not (tmp_path / "b" / "config.json").exists()  # interrupted: no final export yet
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        run_stage(_stage(alignment_tokenizer, alignment_config), FinetuneOptions(out_dir=str(tmp_path / "b"),
+                                                                                 **options))
+    resumed = _stage(alignment_tokenizer, alignment_config)
+    result = run_stage(resumed, FinetuneOptions(out_dir=str(tmp_path / "b"), resume="auto", **options))
+    assert result.step == 6 and [r["step"] for r in result.records] == list(range(1, 7))
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_cli_sft_then_chat_and_bad_data(tmp_path, alignment_model_dir, capsys, monkeypatch):
+    out = tmp_path / "sft"
+    code = main(["sft", "--model", str(alignment_model_dir), "--data", str(INSTRUCTION_DATA), "--limit", "16",
+                 "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--lr", "1e-3", "--no-progress"])
+    assert code == 0
+    assert "sft done" in capsys.readouterr().out
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a color.\n\nSay hi.\n/exit\nnever answered\n"))
+    assert main(["chat", "--model", str(out), "--max-new-tokens", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # two answers, the blank line skipped, nothing after /exit
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}, {"instruction": "c", "input": ""}]))
+    code = main(["sft", "--model", str(alignment_model_dir), "--data", str(bad), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "entry 1: missing key 'output'" in err
