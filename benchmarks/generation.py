@@ -160,7 +160,9 @@ def profile_decode(model: GPTModel, idx: torch.Tensor, n: int, top: int = 12) ->
     return {"tokens": n, "shares": shares, "top_ops": [{"op": k, "share": t / total} for k, t in ops]}
 
 
-def _interleaved(decoders: dict[str, Decoder], idx: torch.Tensor, n: int, repeats: dict[str, int]) -> dict:
+def _interleaved(
+    decoders: dict[str, Decoder], idx: torch.Tensor, n: int, repeats: dict[str, int], log: Callable[[str], None]
+) -> dict:
     """Warm each decoder up on a few tokens, then time rounds A B C ..., each decoder for its own repeat count."""
     for decode in decoders.values():
         decode(idx, 4)
@@ -173,6 +175,7 @@ def _interleaved(decoders: dict[str, Decoder], idx: torch.Tensor, n: int, repeat
             start = time.perf_counter()
             tokens[name] = decode(idx, n)
             times[name].append(time.perf_counter() - start)
+            log(f"  {tuple(idx.shape)} {name}: {times[name][-1]:.2f} s")
     return {"times": times, "tokens": tokens}
 
 
@@ -184,8 +187,11 @@ def _first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
     return None
 
 
-def run(quick: bool, *, repeats: int | None = None, threads: int | None = None) -> dict[str, Any]:
-    """Run the whole comparison; returns JSON-able results (``table`` formats them)."""
+def run(
+    quick: bool, *, repeats: int | None = None, threads: int | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Run the whole comparison; returns JSON-able results (``table`` formats them). ``log`` gets progress lines."""
     if threads is not None:
         torch.set_num_threads(threads)
     config = quick_config() if quick else gpt2_small()
@@ -212,7 +218,7 @@ def run(quick: bool, *, repeats: int | None = None, threads: int | None = None) 
         idx = torch.randint(0, config.vocab_size, (batch, prompt_len), generator=generator)
         names = [n for n in decoders if batch == 1 or n != "tinygpt-no-cache"]  # uncached: batch 1 only
         counts = {n: slow_repeats if n == "tinygpt-no-cache" else repeats for n in names}
-        measured = _interleaved({n: decoders[n] for n in names}, idx, n_new, counts)
+        measured = _interleaved({n: decoders[n] for n in names}, idx, n_new, counts, log)
         ours_median = statistics.median(measured["times"]["tinygpt"])
         for name in names:
             t = measured["times"][name]
@@ -267,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--threads={args.threads} must be >= 1")
     if args.threads is None:
         pin_threads()
-    result = run(args.quick, repeats=args.repeats, threads=args.threads)
+    result = run(args.quick, repeats=args.repeats, threads=args.threads,
+                 log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"torch {torch.__version__}, {result['threads']} threads"
           f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}")
     print(table(result))
