@@ -37,26 +37,29 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
     return int(eot)
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str, context_length: int, where: str) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, prompt: str, context_length: int, where: str, *, whole: bool = False
+                  ) -> list[int]:
     """Prompt ids; ``ValueError`` naming ``where`` when the prompt leaves no room for a response token."""
     try:
         ids = tokenizer.encode(prompt)
     except ValueError as err:
         raise ValueError(f"{where}: cannot encode the prompt: {err}") from None
-    if len(ids) > context_length:  # inputs are ids[:-1]: C prompt tokens still leave one response target
+    # Inputs are ids[:-1], so C prompt tokens still leave one response target; a sequence read whole needs C - 1.
+    if len(ids) > context_length - int(whole):
         raise ValueError(f"{where}: the prompt is {len(ids)} tokens; with context_length={context_length} no "
                          f"response token fits (shorten the instruction/input or use a longer context)")
     return ids
 
 
 def encode_example(tokenizer: Tokenizer, prompt: str, response: str, context_length: int, where: str,
-                   key: str = "output") -> EncodedExample:
-    """Tokenize prompt + response + end-of-text and truncate to C + 1 tokens (C inputs, C targets).
+                   key: str = "output", *, whole: bool = False) -> EncodedExample:
+    """Tokenize prompt + response + end-of-text and truncate to C + 1 tokens (C inputs, C targets), or to C tokens
+    with ``whole`` (the sequence is one model input, as for the reward model).
 
     A response longer than C tokens, or a prompt that leaves no room, is a ``ValueError`` naming ``where``/``key``.
     """
     eot = end_of_text_id(tokenizer)
-    prompt_ids = encode_prompt(tokenizer, prompt, context_length, where)
+    prompt_ids = encode_prompt(tokenizer, prompt, context_length, where, whole=whole)
     try:
         response_ids = tokenizer.encode(response)
     except ValueError as err:
@@ -66,7 +69,7 @@ def encode_example(tokenizer: Tokenizer, prompt: str, response: str, context_len
     if len(response_ids) > context_length:
         raise ValueError(f"{where}: response {key!r} is {len(response_ids)} tokens, longer than "
                          f"context_length={context_length}")
-    ids = (prompt_ids + response_ids + [eot])[: context_length + 1]
+    ids = (prompt_ids + response_ids + [eot])[: context_length + int(not whole)]
     return EncodedExample(tuple(ids), len(prompt_ids))
 
 

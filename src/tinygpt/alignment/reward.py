@@ -38,13 +38,15 @@ class EncodedPair:
 
 
 def encode_preferences(tokenizer: Tokenizer, examples: Sequence[PreferenceExample], context_length: int,
-                       source: str = "data") -> list[EncodedPair]:
-    """Tokenize prompt + chosen / rejected + end-of-text (truncated to C + 1); errors name the entry and key."""
+                       source: str = "data", *, whole: bool = False) -> list[EncodedPair]:
+    """Tokenize prompt + chosen / rejected + end-of-text (truncated as ``encode_example`` says); errors name the
+    entry and the key."""
     pairs = []
     for i, e in enumerate(examples):
         where = f"{source}: entry {i}"
-        pairs.append(EncodedPair(encode_example(tokenizer, e.prompt, e.chosen, context_length, where, "chosen"),
-                                 encode_example(tokenizer, e.prompt, e.rejected, context_length, where, "rejected")))
+        pairs.append(EncodedPair(
+            encode_example(tokenizer, e.prompt, e.chosen, context_length, where, "chosen", whole=whole),
+            encode_example(tokenizer, e.prompt, e.rejected, context_length, where, "rejected", whole=whole)))
     return pairs
 
 
@@ -135,7 +137,7 @@ class RewardStage(SupervisedStage):
         self.policy, self.tokenizer = model.trunk, tokenizer
         self.heads = nn.ModuleDict({"reward": model.head})
         self.pad_id = end_of_text_id(tokenizer)
-        pairs = encode_preferences(tokenizer, examples, model.trunk.config.context_length, source)
+        pairs = encode_preferences(tokenizer, examples, model.trunk.config.context_length, source, whole=True)
         super().__init__(pairs, batch_size=batch_size, val_fraction=val_fraction, seed=seed)
 
     def loss(self, items: Sequence[EncodedPair]) -> tuple[torch.Tensor, dict[str, float]]:
