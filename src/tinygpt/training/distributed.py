@@ -22,6 +22,7 @@ class DistContext:
     local_rank: int
     world_size: int
     device: torch.device
+    owns_group: bool = False  # this context created the process group, so closing it destroys the group
 
     @property
     def is_main(self) -> bool:
@@ -57,14 +58,17 @@ def init_distributed(device: str | None = None) -> DistContext:
     if resolved.type == "cuda":
         resolved = torch.device("cuda", local_rank)
         torch.cuda.set_device(resolved)
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()
+    if owns_group:
         backend = "nccl" if resolved.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=resolved if resolved.type == "cuda" else None)
-    return DistContext(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=resolved)
+    return DistContext(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=resolved,
+                       owns_group=owns_group)
 
 
 def close_distributed(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
+    """Destroy the process group if ``init_distributed`` created it (a caller's own group is left alone)."""
+    if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 
