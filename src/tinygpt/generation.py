@@ -76,7 +76,7 @@ class GenerationConfig:
     ``temperature`` 0 means greedy (argmax); > 0 samples from softmax(logits / T), after ``top_k`` (keep exactly
     k tokens) and ``top_p`` (nucleus; 1.0 = off). ``repetition_penalty`` > 1 discourages every token already in
     the row (prompt included; also applies to greedy). ``seed`` makes sampling reproducible. A row finishes when
-    it produces ``eos_id`` or ends with one of the ``stop`` token sequences (both kept in its output); finished
+    it produces ``eos_id`` or its new tokens end with one of the ``stop`` sequences (both kept in its output); finished
     rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
     recomputes the whole window at each step (same policy, same tokens up to float rounding).
     """
@@ -294,7 +294,7 @@ class _Engine:
                 self.cache = KVCache(self.model.config, batch, dtype=self.dtype, device=self.device,
                                      max_length=max(capacity, 1))
         tokens = None
-        for step in range(cfg.max_new_tokens):
+        for _ in range(cfg.max_new_tokens):
             with torch.inference_mode():
                 moved = self._apply_policy()
                 if tokens is None or moved or self.cache is None:
