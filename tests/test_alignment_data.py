@@ -59,7 +59,9 @@ def test_bad_preference_entries_are_named():
         parse_preference_records([good, {"instruction": "a", "chosen": "b"}])
     with pytest.raises(ValueError, match=r"entry 0: empty response in key 'chosen'"):
         parse_preference_records([{**good, "chosen": ""}])
-    with pytest.raises(ValueError, match=r"entry 0: 'chosen' and 'rejected' are identical"):
+    with pytest.warns(UserWarning, match=r"left out 1 entry whose 'chosen' and 'rejected' are identical \(entries 1\)"):
+        assert parse_preference_records([good, {**good, "rejected": "b"}]) == parse_preference_records([good])
+    with pytest.raises(ValueError, match="no entry with different"), pytest.warns(UserWarning):
         parse_preference_records([{**good, "rejected": "b"}])
 
 

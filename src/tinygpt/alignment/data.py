@@ -25,6 +25,7 @@ the entry's index (0-based) and the key.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -138,8 +139,10 @@ def parse_instruction_records(records: Sequence[Any], source: str = "data") -> l
 
 
 def parse_preference_records(records: Sequence[Any], source: str = "data") -> list[PreferenceExample]:
-    """Validate preference entries (chosen must differ from rejected); errors as ``parse_instruction_records``."""
-    out = []
+    """Validate preference entries; errors as ``parse_instruction_records``. A pair whose chosen and rejected
+    texts are identical states no preference (its loss has zero gradient and it can never be ranked right): it is
+    left out, with a warning naming the entries (the shared data file has such a pair)."""
+    out, identical = [], []
     for i, record in enumerate(records):
         where = f"{source}: entry {i}"
         record = _check_object(record, where, PREFERENCE_KEYS)
@@ -150,8 +153,15 @@ def parse_preference_records(records: Sequence[Any], source: str = "data") -> li
             rejected=_text(record, "rejected", where, required=True, non_empty=True),
         )
         if example.chosen == example.rejected:
-            raise ValueError(f"{where}: 'chosen' and 'rejected' are identical, so the pair states no preference")
+            identical.append(i)
+            continue
         out.append(example)
+    if identical:
+        warnings.warn(f"{source}: left out {len(identical)} entr{'y' if len(identical) == 1 else 'ies'} whose "
+                      f"'chosen' and 'rejected' are identical (entries {', '.join(map(str, identical[:10]))}"
+                      f"{', ...' if len(identical) > 10 else ''})", stacklevel=2)
+    if not out:
+        raise ValueError(f"{source}: no entry with different 'chosen' and 'rejected' texts")
     return out
 
 

@@ -90,6 +90,8 @@ def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: 
         limit: int | None = None) -> FinetuneResult:
     """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``."""
     options.check()
+    if not beta > 0:
+        raise ValueError(f"beta={beta!r} must be > 0")
     examples = load_preference_data(data, limit)
     policy, tokenizer = load_start_model(model, options.device)
     stage = DPOStage(policy, tokenizer, examples, beta=beta, batch_size=options.batch_size,

@@ -1,0 +1,51 @@
+"""DPO: the loss is eq. 7 of Rafailov et al., the reference stays frozen, and training raises the margin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import PREFERENCE_DATA
+from tinygpt import GPTModel
+from tinygpt.alignment.data import load_preference_data
+from tinygpt.alignment.dpo import DPOStage, dpo_loss
+from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_dpo_loss_formula():
+    pc, pr, rc, rr = (torch.tensor([v]) for v in (-3.0, -5.0, -4.0, -4.5))
+    loss, chosen, rejected = dpo_loss(pc, pr, rc, rr, beta=0.5)
+    assert chosen.item() == pytest.approx(0.5) and rejected.item() == pytest.approx(-0.25)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.75)), rel=1e-6)
+
+
+def test_dpo_raises_the_margin_and_keeps_the_reference(tmp_path, alignment_tokenizer, alignment_config):
+    torch.manual_seed(0)
+    examples = load_preference_data(PREFERENCE_DATA, limit=16)
+    stage = DPOStage(GPTModel(alignment_config), alignment_tokenizer, examples, beta=0.5, batch_size=8,
+                     val_fraction=0.0, seed=0)
+    reference = {k: v.clone() for k, v in stage.reference.state_dict().items()}
+    before = stage._average(stage.train_items)
+    assert before["margin"] == pytest.approx(0.0, abs=1e-5)  # policy == reference at the start
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "dpo"), max_steps=8, lr=3e-3, eval_every=8,
+                                              progress=False))
+    after = stage._average(stage.train_items)
+    assert after["margin"] > 0.5 and after["accuracy"] > 0.9 and after["loss"] < math.log(2)
+    assert result.last_eval["train_margin"] == pytest.approx(stage._average(stage.train_items[:8])["margin"],
+                                                             rel=1e-5)  # the eval's train subset: one batch
+    assert all(torch.equal(v, stage.reference.state_dict()[k]) for k, v in reference.items())
+    assert not any(p.requires_grad for p in stage.reference.parameters())
+
+
+def test_cli_dpo(tmp_path, alignment_model_dir, capsys):
+    code = main(["dpo", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--limit", "8",
+                 "--beta", "0.2", "--out", str(tmp_path / "d"), "--max-steps", "2", "--batch-size", "4",
+                 "--no-progress"])
+    assert code == 0 and "val_margin" in capsys.readouterr().out
+    assert main(["dpo", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--beta", "0"]) == 2
+    assert "beta=0.0 must be > 0" in capsys.readouterr().err
