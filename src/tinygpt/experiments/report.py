@@ -1,0 +1,121 @@
+"""What every experiment hands back and writes: a printed table, a JSON of the raw figures and a PNG.
+
+Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas attached explicitly, so no GUI backend
+is ever touched and pyplot's global state is left alone. JSON and PNG files are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..fileio import atomic_write_with
+
+DEFAULT_ROOT = Path("runs") / "experiments"
+
+
+@dataclass
+class ExperimentReport:
+    """The outcome of one experiment: ``text`` is what the CLI prints, ``data`` is what the JSON holds."""
+
+    name: str
+    text: str
+    data: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+
+
+def output_dir(name: str, out: str | Path | None) -> Path:
+    """``out`` or ``runs/experiments/NAME`` (relative to the working directory), created if missing."""
+    path = DEFAULT_ROOT / name if out is None else Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} exists and is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    """Floats that JSON cannot hold (inf, nan) become strings; tuples become lists; Paths become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    text = json.dumps(_jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    atomic_write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return path
+
+
+def new_figure(width: float, height: float, layout: str | None = None) -> Figure:
+    """A figure bound to the Agg canvas (PNG output without any GUI backend); ``layout`` as for ``Figure``
+    (``save_png`` applies ``tight_layout`` when none is set)."""
+    fig = Figure(figsize=(width, height), dpi=100, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    # No "Software" metadata: the same seed gives the same bytes across matplotlib patch versions more often.
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
+    return path
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned table: the first (label) column left-aligned, the others right-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4f}"
+    return f"{value:.3e}"
+
+
+def finish(name: str, directory: Path, title: str, tables: Sequence[str], data: dict[str, Any],
+           findings: Sequence[str], figures: dict[str, Figure]) -> ExperimentReport:
+    """Write the PNGs and ``NAME.json`` into ``directory`` and assemble the printed text."""
+    files: dict[str, Path] = {}
+    for stem, fig in figures.items():
+        files[stem] = save_png(fig, directory / f"{stem}.png")
+    files["json"] = directory / f"{name}.json"
+    payload = {"experiment": name, **data, "findings": list(findings),
+               "files": {k: v.name for k, v in files.items()}}
+    write_json(files["json"], payload)
+    lines = [title, ""]
+    for table in tables:
+        lines += [table, ""]
+    lines += [f"- {f}" for f in findings]
+    lines += [""] + [f"wrote {path}" for path in files.values()]
+    return ExperimentReport(name=name, text="\n".join(lines), data=payload, files=files, findings=list(findings))
+
+
+def check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a non-negative integer")
+    return seed
