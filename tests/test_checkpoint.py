@@ -221,3 +221,15 @@ def test_tokenizer_beside_checkpoint(tmp_path, gpt2_vocab_dir, monkeypatch):
 def test_tokenizer_larger_than_vocab_is_refused(tmp_path):
     with pytest.raises(ValueError, match="vocab_size is 37"):
         save_model(_random_model(CONFIGS[0]), tmp_path, tokenizer=CharTokenizer([chr(65 + i) for i in range(40)]))
+
+
+def test_round_trip_of_a_llama_style_variant(tmp_path):
+    config = GPTConfig(vocab_size=37, context_length=12, emb_dim=24, n_heads=4, n_layers=2, norm="rmsnorm",
+                       ffn="swiglu", pos_emb="rope", n_kv_heads=2, bias=False, tie_weights=True)
+    model = _random_model(config)
+    model.save_pretrained(tmp_path)
+    loaded = GPTModel.from_pretrained(tmp_path)
+    assert loaded.config == config
+    idx = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx), model(idx))
