@@ -108,7 +108,7 @@ def test_bin_with_code_is_refused(tmp_path):
             return (print, ("pickle code ran",))
 
     with open(tmp_path / "pytorch_model.bin", "wb") as f:
-        pickle.dump({"wte.weight": Payload()}, f)
+        pickle.dump({"wte.weight": Payload()}, f, protocol=2)
     with pytest.raises(ValueError, match=r"pytorch_model\.bin: cannot be read as plain tensors"):
         import_hf(tmp_path)
 
