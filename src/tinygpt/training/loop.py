@@ -318,7 +318,9 @@ def _train(run: _Run) -> TrainingResult:
     checkpoint_every = o.checkpoint_every or o.eval_every
     end = o.max_steps if o.stop_after is None else min(o.max_steps, o.stop_after)
     log = MetricsLog(run.run_dir / "metrics.jsonl", run.step if run.resume_from else None) if run.main else None
-    run.log(f"model: {run.model.num_parameters():,} parameters, {run.config}; {ctx.world_size} process(es) on "
+    c = run.config
+    run.log(f"model: {run.model.num_parameters():,} parameters (V={c.vocab_size} C={c.context_length} D={c.emb_dim} "
+            f"H={c.n_heads} L={c.n_layers}); {ctx.world_size} process(es) on "
             f"{ctx.device}; {tokens_per_step:,} tokens per step; unigram baseline {baseline:.3f} nats/token")
 
     bar = tqdm(total=o.max_steps, initial=run.step, desc="train", disable=not (run.main and o.progress),
