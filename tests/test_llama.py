@@ -251,6 +251,22 @@ def test_import_matches_hf_logits_with_biases_and_round_trips(hf_llama):
     assert all(torch.equal(back[k], hf_state[k]) for k in hf_state)
 
 
+def test_export_a_tinygpt_model_into_hf_llama():
+    transformers = pytest.importorskip("transformers")
+    from tinygpt.interop.llama import llama_config_to_tinygpt, tinygpt_to_llama, tinygpt_to_llama_config
+
+    config = llama_config(rope_theta=500.0, norm_eps=1e-6, tie_weights=True)
+    ours = GPTModel(config).eval()
+    hf_config = transformers.LlamaConfig(**tinygpt_to_llama_config(config))
+    assert llama_config_to_tinygpt(hf_config) == config.replace(ffn_hidden=config.ffn_dim)
+    ref = transformers.LlamaForCausalLM(hf_config).eval()
+    result = ref.load_state_dict(tinygpt_to_llama(ours.state_dict(), config), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    idx = torch.randint(0, config.vocab_size, (2, 10))
+    with torch.no_grad():
+        assert (ours(idx) - ref(idx).logits).abs().max() <= 1e-5
+
+
 def test_a_wrong_mapping_is_detected(hf_llama):
     """The comparison can fail: swapping gate and up (or k and v) changes the logits far beyond the tolerance."""
     from tinygpt.interop.llama import llama_config_to_tinygpt, llama_to_tinygpt

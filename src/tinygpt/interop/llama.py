@@ -113,6 +113,7 @@ def tinygpt_to_llama_config(config: GPTConfig) -> dict[str, Any]:
         num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads, num_key_value_heads=config.kv_heads,
         head_dim=config.head_dim, max_position_embeddings=config.context_length, hidden_act="silu",
         rms_norm_eps=config.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_theta=config.rope_theta,  # transformers 4.x reads this one, 5.x the rope_parameters above
         attention_bias=config.bias, mlp_bias=config.bias, tie_word_embeddings=config.tie_weights,
         attention_dropout=config.attn_dropout,
     )
