@@ -139,3 +139,17 @@ def test_cli_prepare_and_train(tmp_path, training_text_file, capsys):
     assert main(args) == 2  # same folder, no --resume: refused in one line
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--resume auto" in err
+
+
+def test_grad_accumulation_equals_the_larger_batch(tmp_path, prepared):
+    config = CONFIG.replace(drop_rate=0.0)
+    big = train(options(tmp_path / "big", prepared, config=config, batch_size=4)).model
+    accumulated = train(options(tmp_path / "acc", prepared, config=config, batch_size=2, grad_accum=2)).model
+    diffs = [(p - q).abs().max().item() for p, q in zip(big.parameters(), accumulated.parameters())]
+    assert max(diffs) <= 1e-6  # the same windows; the mean of two half-batch means is the full-batch mean
+
+
+def test_bf16_autocast_on_cpu(tmp_path, prepared):
+    result = train(options(tmp_path / "run", prepared, max_steps=2, eval_every=2, dtype="bfloat16"))
+    assert math.isfinite(result.val_loss)
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # autocast: weights stay float32
