@@ -9,7 +9,9 @@ resident memory). Runs are interleaved (baseline, tinygpt, naive, baseline, ...)
   maps the file copy-on-write, so pages become resident only when read;
 - ``tinygpt-touched``: the same, then every weight read once (what the first forward pass does);
 - ``naive``: ``GPTModel(config)`` (random init) then ``load_state_dict(safetensors.torch.load_file(...))``, weights
-  read once too.
+  read once too;
+- ``hf-import``: ``tinygpt.interop.hf.import_hf`` of the same weights exported as a Hugging Face folder (the four
+  Conv1D weights per block are transposed into new memory), weights read once.
 
 The headline is (peak - baseline) / file size: 1.0 means exactly one copy of the weights in memory.
 """
@@ -42,7 +44,10 @@ elif how == "naive":
     model.load_state_dict(state)
     del state
     model.out_head.weight = model.tok_emb.weight
-if how in ("tinygpt-touched", "naive"):
+elif how == "hf-import":
+    from tinygpt.interop.hf import import_hf
+    model = import_hf(directory + "-hf")
+if how in ("tinygpt-touched", "naive", "hf-import"):
     # Read every weight once, as a forward pass would: safetensors maps the file copy-on-write, so until a page is
     # read it is not resident, and the untouched figure alone would understate what using the model costs.
     with torch.no_grad():
@@ -62,12 +67,15 @@ print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 _SAVE = r"""
 import sys, torch
 from tinygpt import GPTModel, get_config
+from tinygpt.interop.hf import export_hf
 torch.manual_seed(0)
 with torch.no_grad():
-    GPTModel(get_config(sys.argv[1], qkv_bias=True, tie_weights=True)).save_pretrained(sys.argv[2])
+    model = GPTModel(get_config(sys.argv[1], qkv_bias=True, tie_weights=True))
+    model.save_pretrained(sys.argv[2])
+    export_hf(model, sys.argv[2] + "-hf")
 """
 
-WAYS = ("baseline", "tinygpt", "tinygpt-touched", "naive")
+WAYS = ("baseline", "tinygpt", "tinygpt-touched", "naive", "hf-import")
 
 
 def _save_random(preset: str, directory: Path) -> None:

@@ -248,3 +248,43 @@ def test_hub_name_offline_is_a_clear_error(tmp_path, monkeypatch):
         resolve_hf_source(tmp_path / "file")
     with pytest.raises(ValueError, match="config.json is missing"):
         import_hf(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None)
+
+
+def _fake_hub(monkeypatch, repo_dir, missing_error=None):
+    """hf_hub_download served from a local folder: files it lacks raise ``missing_error`` (remote 404 by default)."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    fetched = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        fetched.append(filename)
+        if not (repo_dir / filename).is_file():
+            raise (missing_error or EntryNotFoundError)(f"{repo_id}/{filename} not found")
+        return str(repo_dir / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    return fetched
+
+
+def test_hub_name_downloads_and_imports(tmp_path, monkeypatch):
+    hf = _hf_model(HF_CONFIGS[0])
+    hf.save_pretrained(tmp_path)
+    torch.save(load_file(tmp_path / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink()  # an older repository: only the .bin
+    fetched = _fake_hub(monkeypatch, tmp_path)
+    ours = import_hf("someone/tiny-gpt2")
+    assert fetched == ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt"]
+    idx = _ids(HF_CONFIGS[0].vocab_size)
+    with torch.no_grad():
+        assert (ours(idx) - hf(idx).logits).abs().max().item() <= 1e-5
+
+
+def test_hub_cached_config_without_weights_offline(tmp_path, monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    _saved_hf(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    _fake_hub(monkeypatch, tmp_path, missing_error=LocalEntryNotFoundError)
+    with pytest.raises(ValueError, match="cannot fetch 'gpt2' from the Hugging Face hub"):
+        import_hf("gpt2")

@@ -320,7 +320,7 @@ def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None
 
 def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     def fetch(filename: str) -> Path:
         return Path(hf_hub_download(repo_id, filename, cache_dir=cache_dir))
@@ -331,12 +331,14 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
             try:
                 fetch(weights)
                 break
-            except EntryNotFoundError:
+            except LocalEntryNotFoundError:  # offline and not cached: a subclass of EntryNotFoundError, not "absent"
+                raise
+            except EntryNotFoundError:  # the repository has no such file: try the next format
                 continue
         for optional in HF_GPT2_FILES:
             try:
                 fetch(optional)
-            except EntryNotFoundError:
+            except EntryNotFoundError:  # absent, or offline and not cached: the tokenizer is optional
                 pass
     except RepositoryNotFoundError:
         raise ValueError(f"{repo_id!r} is not a local directory nor a repository on the Hugging Face hub") from None
