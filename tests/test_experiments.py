@@ -177,7 +177,8 @@ def test_anatomy_sums_match_count_parameters_and_models(tmp_path):
     for name, r in data["configs"].items():
         total = count_parameters(get_config(name)).total
         assert sum(r["parameters"].values()) == r["total"] == total, name
-        assert r["memory_bytes"]["float32"]["total"] == 16 * total and r["memory_bytes"]["bfloat16"]["total"] == 8 * total
+        assert r["memory_bytes"]["float32"]["total"] == 16 * total
+        assert r["memory_bytes"]["bfloat16"]["total"] == 8 * total
     assert data["configs"]["tiny"]["total"] == GPTModel(get_config("tiny")).num_parameters()
     assert data["exercise_12x768"]["bias_free_saving_no_qkv_bias"] == 12 * 6 * 768
     assert data["exercise_12x768"]["bias_free_saving_with_qkv_bias"] == 12 * 9 * 768

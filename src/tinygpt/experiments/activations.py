@@ -41,7 +41,8 @@ FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def values_and_derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def values_and_derivatives(fn: Callable[[torch.Tensor], torch.Tensor],
+                           x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fn(x) and dfn/dx by autograd (the functions are elementwise, so the gradient of the sum is the derivative)."""
     x = x.detach().clone().requires_grad_(True)
     y = fn(x)
@@ -97,7 +98,8 @@ def run_activations(out: str | Path | None = None, seed: int = 123) -> Experimen
         f"(largest near x = {gap_at:+.2f})",
         f"a float32 sqrt(2/pi) in a float64 computation moves the output by up to {f32_constant:.2e}: the order of "
         "the seed's 2.39e-9 upstream logits difference (seed 000 §6.3/§6.8)"
-        + ("" if upstream_gap is None else f"; the installed upstream GELU differs from the formula by {upstream_gap:.2e}"),
+        + ("" if upstream_gap is None
+           else f"; the installed upstream GELU differs from the formula by {upstream_gap:.2e}"),
         "GELU and SiLU let small negative inputs through (minimum below 0) while ReLU clips them to 0, as seed 000 "
         "§6.3 describes; the curves show shape, not training quality",
     ]

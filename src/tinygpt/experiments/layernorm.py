@@ -66,7 +66,8 @@ def run_layernorm(out: str | Path | None = None, seed: int = 123) -> ExperimentR
     stat_table = format_table(
         ["stage (per position over D)", "mean of means", "max |mean|", "mean of vars", "max |var - 1|"], stat_rows)
 
-    biased, unbiased = variants["biased var (divide by D), eps 0"][0], variants["unbiased var (divide by D-1), eps 0"][0]
+    biased = variants["biased var (divide by D), eps 0"][0]
+    unbiased = variants["unbiased var (divide by D-1), eps 0"][0]
     agrees = torch.equal(biased, torch.tensor([-1.0, 1.0], dtype=torch.float64))
     findings = [
         f"biased variance gives {biased.tolist()} and unbiased gives {[round(v, 4) for v in unbiased.tolist()]}; "

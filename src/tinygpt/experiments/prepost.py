@@ -138,7 +138,8 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
 
     ``config``: preset name, .json file or GPTConfig for the trained models (vocab_size is replaced by the number of
     distinct characters; default: C=64, D=64, H=4, L=12). ``data``: a UTF-8 text file (default: the embedded
-    corpus), cut to ``max_chars``. ``steps=0`` skips the training part."""
+    corpus), cut to ``max_chars``. ``seq_len`` is capped at the config's context_length. ``steps=0`` skips the
+    training part."""
     check_seed(seed)
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("max_chars", max_chars)):
         _check_positive(name, value)
@@ -194,13 +195,11 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         for label, model in (("pre_ln", pre_model), ("post_ln", post_model)):
             runs[label] = train_losses(model, ids, steps=steps, batch_size=batch_size, seq_len=seq, lr=lr,
                                        seed=seed, progress=progress, label=label)
-        train_rows = []
-        for label, r in runs.items():
-            train_rows.append([label, r["loss"][0], r["loss"][min(len(r['loss']), steps // 2) - 1] if steps > 1
-                               else r["loss"][0], _tail_mean(r["loss"]), r["embedding_grad_norm"][0],
-                               "yes" if r["diverged"] else "no"])
-        tables.append(format_table(["model", "loss step 0", f"loss step {max(steps // 2 - 1, 0)}",
-                                    "mean loss last 10%", "emb grad norm step 0", "diverged"], train_rows))
+        mid = max(steps // 2 - 1, 0)
+        train_rows = [[label, r["loss"][0], r["loss"][min(mid, len(r["loss"]) - 1)], _tail_mean(r["loss"]),
+                       r["embedding_grad_norm"][0], "yes" if r["diverged"] else "no"] for label, r in runs.items()]
+        tables.append(format_table(["model", "loss step 0", f"loss step {mid}", "mean loss last 10%",
+                                    "emb grad norm step 0", "diverged"], train_rows))
         final = {label: _tail_mean(r["loss"]) for label, r in runs.items()}
         emb0 = {label: r["embedding_grad_norm"][0] for label, r in runs.items()}
         better = "pre-LN" if final["pre_ln"] < final["post_ln"] else "post-LN"
