@@ -75,6 +75,10 @@ def test_bad_files(tmp_path):
         load_instruction_data(tmp_path / "empty.json")
     with pytest.raises(ValueError, match="does not exist"):
         load_instruction_data(tmp_path / "missing.json")
+    (tmp_path / "object.json").write_text('  {"instruction": "a", "output": "b"}')  # JSONL with one line: fine
+    assert len(load_instruction_data(tmp_path / "object.json")) == 1
+    with pytest.raises(ValueError, match="limit=0 must be an integer >= 1"):
+        load_instruction_data(tmp_path / "object.json", limit=0)
 
 
 def test_encoding_appends_end_of_text_truncates_and_names_long_entries(alignment_tokenizer):

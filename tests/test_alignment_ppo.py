@@ -73,7 +73,7 @@ def test_build_batch_places_actions_after_each_prompt():
 TARGET = 7
 
 
-def _toy_run(tmp_path, kl_coef: float, name: str):
+def _toy_stage(kl_coef: float) -> PPOStage:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=16, context_length=16, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)
     prompts = torch.randint(1, 16, (40, 3), generator=torch.Generator().manual_seed(0)).tolist()
@@ -81,8 +81,12 @@ def _toy_run(tmp_path, kl_coef: float, name: str):
     def reward_fn(prompts, responses):  # the fraction of response tokens that are TARGET
         return torch.tensor([sum(t == TARGET for t in r) / len(r) for r in responses])
 
-    stage = PPOStage(GPTModel(config), prompts, reward_fn, config=PPOConfig(max_new_tokens=8, kl_coef=kl_coef),
-                     batch_size=16, val_fraction=0.1, seed=0)
+    return PPOStage(GPTModel(config), prompts, reward_fn, config=PPOConfig(max_new_tokens=8, kl_coef=kl_coef),
+                    batch_size=16, val_fraction=0.1, seed=0)
+
+
+def _toy_run(tmp_path, kl_coef: float, name: str):
+    stage = _toy_stage(kl_coef)
     options = FinetuneOptions(out_dir=str(tmp_path / name), max_steps=24, lr=2e-3, eval_every=12, progress=False)
     return stage, run_stage(stage, options).records
 
@@ -102,6 +106,19 @@ def test_ppo_raises_a_toy_reward_while_the_kl_penalty_bounds_the_drift(tmp_path)
     run = tmp_path / "penalized"
     assert (run / "ppo.png").is_file() and (run / "step-24").is_dir()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 24
+
+
+def test_ppo_resume_continues_the_same_rollouts_and_updates(tmp_path):
+    options = dict(max_steps=4, lr=2e-3, eval_every=100, progress=False)
+    straight = _toy_stage(0.05)
+    expected = run_stage(straight, FinetuneOptions(out_dir=str(tmp_path / "a"), **options)).records
+    run_stage(_toy_stage(0.05), FinetuneOptions(out_dir=str(tmp_path / "b"), stop_after=2, **options))
+    resumed = _toy_stage(0.05)
+    records = run_stage(resumed, FinetuneOptions(out_dir=str(tmp_path / "b"), resume="auto", **options)).records
+    assert [r["reward"] for r in records] == [r["reward"] for r in expected]  # same sampled responses
+    assert torch.equal(resumed.heads["value"].weight, straight.heads["value"].weight)
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_cli_ppo_with_a_reward_model(tmp_path, alignment_model_dir, alignment_tokenizer, alignment_config, capsys):

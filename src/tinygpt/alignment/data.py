@@ -72,8 +72,11 @@ def format_prompt(instruction: str, input: str = "") -> str:
     return text + RESPONSE_HEADER
 
 
-def read_records(path: str | Path) -> list[Any]:
-    """The raw entries of a JSON list file or a JSONL file (chosen by content: a file starting with ``[`` is JSON)."""
+def read_records(path: str | Path, limit: int | None = None) -> list[Any]:
+    """The raw entries of a JSON list file or a JSONL file (chosen by content: a file starting with ``[`` is JSON),
+    the first ``limit`` of them when given."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit={limit!r} must be an integer >= 1 (or None for every entry)")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -98,7 +101,7 @@ def read_records(path: str | Path) -> list[Any]:
                                  f"per line, a JSON file one list") from None
     if not records:
         raise ValueError(f"{path}: no entries")
-    return records
+    return records[:limit]
 
 
 def _text(record: dict[str, Any], key: str, where: str, *, required: bool, non_empty: bool) -> str:
@@ -167,21 +170,18 @@ def parse_preference_records(records: Sequence[Any], source: str = "data") -> li
 
 def load_instruction_data(path: str | Path, limit: int | None = None) -> list[InstructionExample]:
     """Instruction entries of a JSON/JSONL file (the first ``limit`` when given), validated."""
-    records = read_records(path)
-    return parse_instruction_records(records[:limit] if limit else records, str(path))
+    return parse_instruction_records(read_records(path, limit), str(path))
 
 
 def load_preference_data(path: str | Path, limit: int | None = None) -> list[PreferenceExample]:
     """Preference entries of a JSON/JSONL file (the first ``limit`` when given), validated."""
-    records = read_records(path)
-    return parse_preference_records(records[:limit] if limit else records, str(path))
+    return parse_preference_records(read_records(path, limit), str(path))
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     """The Alpaca prompts of an instruction or preference file (only ``instruction`` and ``input`` are read), for
     PPO, which samples its own responses."""
-    records = read_records(path)
-    records = records[:limit] if limit else records
+    records = read_records(path, limit)
     prompts = []
     for i, record in enumerate(records):
         where = f"{path}: entry {i}"
