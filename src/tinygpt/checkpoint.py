@@ -79,7 +79,9 @@ def check_names_and_shapes(source: str | Path, shapes: Mapping[str, Sequence[int
         raise ValueError(f"{source}: unexpected tensor {unexpected[0]!r} (not part of a GPTModel with this config)")
     for name, shape in expected.items():
         if tuple(shapes[name]) != tuple(shape):
-            raise ValueError(f"{source}: tensor {name!r} has shape {list(shapes[name])}, the config needs {list(shape)}")
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {list(shapes[name])}, the config needs {list(shape)}"
+            )
 
 
 def _read_weights(path: Path, expected: dict[str, torch.Size], device: str) -> dict[str, torch.Tensor]:

@@ -71,7 +71,9 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         for i in ids:
             if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is out of range: ids must satisfy 0 <= id < vocab_size={self.vocab_size}")
+                raise ValueError(
+                    f"token id {i} is out of range: ids must satisfy 0 <= id < vocab_size={self.vocab_size}"
+                )
         return ids
 
     def _check_special(self, text: str, allowed_special: bool) -> None:
@@ -184,7 +186,8 @@ def _encoding_from_dir(directory: Path) -> Any:
                                  special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)
     except (AssertionError, ValueError, KeyError, UnicodeDecodeError) as err:
         raise GPT2VocabularyError(
-            f"{directory}: {encoder_file} and {merges_file} are not a valid GPT-2 vocabulary ({type(err).__name__}: {err})"
+            f"{directory}: {encoder_file} and {merges_file} are not a valid GPT-2 vocabulary "
+            f"({type(err).__name__}: {err})"
         ) from None
     finally:
         if saved is None:

@@ -156,7 +156,9 @@ def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
                "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln"}
     for f in dataclasses.fields(GPTConfig):
         if f.name not in handled and getattr(config, f.name) != f.default:
-            raise ValueError(f"{f.name}={getattr(config, f.name)!r} has no GPT-2 equivalent (GPT-2 needs {f.default!r})")
+            raise ValueError(
+                f"{f.name}={getattr(config, f.name)!r} has no GPT-2 equivalent (GPT-2 needs {f.default!r})"
+            )
     eot = 50256 if config.vocab_size == 50257 else None
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
