@@ -96,3 +96,16 @@ def test_atomic_directory_refuses_a_file(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         with atomic_directory(tmp_path / "f"):
             pass
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_results_get_the_usual_permissions_not_the_temp_ones(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "f.txt", "x")
+        with atomic_directory(tmp_path / "d") as tmp:
+            (tmp / "g.txt").write_text("y")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755

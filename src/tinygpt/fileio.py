@@ -30,6 +30,25 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows; else set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _default_permissions(path: Path, *, directory: bool) -> None:
+    """mkstemp/mkdtemp create 0600/0700 entries; give the final one the mode a plain open()/mkdir() would have."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it onto ``path``.
 
@@ -43,6 +62,7 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], None]) -> None:
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        _default_permissions(tmp, directory=False)
         _fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -78,6 +98,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
     try:
+        _default_permissions(tmp, directory=True)
         yield tmp
         for root, _dirs, files in os.walk(tmp):
             for name in files:
