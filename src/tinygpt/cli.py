@@ -188,8 +188,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 fully_shard (under torchrun) instead of DDP")
     p.add_argument("--sample-tokens", type=int, default=d.sample_tokens,
-                   help=f"tokens of greedy sample printed at each eval (default: {d.sample_tokens})")
+                   help=f"tokens of the sample printed at each eval (default: {d.sample_tokens})")
     p.add_argument("--sample-prompt", default=None, help="prompt of that sample (default: the start of the val text)")
+    p.add_argument("--sample-temperature", type=float, default=d.sample_temperature,
+                   help=f"temperature of that sample, 0 = greedy (default: {d.sample_temperature})")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="peak TFLOP/s for the MFU estimate (default: known GPUs' bf16 peak; none on CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -206,7 +208,8 @@ def _run_train(args: argparse.Namespace) -> int:
         grad_clip=args.grad_clip, eval_every=args.eval_every, eval_iters=args.eval_iters,
         checkpoint_every=args.checkpoint_every, keep_last=args.keep_last, seed=args.seed, device=args.device,
         dtype=args.dtype, compile=args.compile, fsdp=args.fsdp, resume=args.resume, sample_tokens=args.sample_tokens,
-        sample_prompt=args.sample_prompt, peak_tflops=args.peak_tflops, progress=not args.no_progress,
+        sample_prompt=args.sample_prompt, sample_temperature=args.sample_temperature, peak_tflops=args.peak_tflops,
+        progress=not args.no_progress,
     )
     try:
         result = train(options)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import load_config, load_model
 from ..config import GPTConfig, get_config
 from ..fileio import atomic_write_text
-from ..generation import generate_greedy
+from ..generation import generate
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, load_tokenizer
 from . import distributed as dist_utils
@@ -253,8 +253,9 @@ class _Run:
         return result
 
     def sample(self) -> str:
-        """Greedy continuation of the prompt (default: the first line of the validation text). Every rank runs it
-        (an FSDP forward is collective); rank 0 prints it."""
+        """A continuation of the prompt (default: the start of the validation text), sampled at
+        ``sample_temperature`` from a generator of its own (so the training RNG streams are untouched; 0 =
+        greedy). Every rank runs it (an FSDP forward is collective); rank 0 prints it."""
         prompt = self.o.sample_prompt
         if prompt:
             ids = self.tokenizer.encode(prompt)
@@ -262,10 +263,24 @@ class _Run:
             ids = [int(t) for t in self.corpus.val[: min(16, self.config.context_length)]]
         if not ids or self.o.sample_tokens == 0:
             return ""
-        idx = torch.tensor([ids[-self.config.context_length:]], device=self.ctx.device)
+        ids = ids[-self.config.context_length:]
+        generator = torch.Generator(self.ctx.device).manual_seed(self.o.seed)
         with _autocast(self.ctx.device, self.o.dtype):
-            out = generate_greedy(self.model, idx, self.o.sample_tokens)
-        return self.tokenizer.decode(out[0].tolist())
+            result = generate(self.model, [ids], max_new_tokens=self.o.sample_tokens,
+                              temperature=self.o.sample_temperature, generator=generator)
+        return self._decode_for_display(ids + result.tokens[0, : result.lengths[0]].tolist())
+
+    def _decode_for_display(self, ids: list[int]) -> str:
+        """Text of ``ids``; an id the model has but the tokenizer does not (a model ``vocab_size`` rounded up past
+        the tokenizer's) shows as U+FFFD instead of failing the run."""
+        vocab, parts, run = self.tokenizer.vocab_size, [], []
+        for token in ids:
+            if token < vocab:
+                run.append(token)
+                continue
+            parts.append(self.tokenizer.decode(run) + "\ufffd")
+            run = []
+        return "".join(parts) + self.tokenizer.decode(run)
 
     def checkpoint(self) -> None:
         """Every rank gathers the full state (a collective under FSDP); rank 0 writes it."""

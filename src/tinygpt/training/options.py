@@ -44,6 +44,7 @@ class TrainingOptions:
     resume: str | None = None
     sample_tokens: int = 200
     sample_prompt: str | None = None
+    sample_temperature: float = 0.8
     peak_tflops: float | None = None
     val_fraction: float = 0.1
     progress: bool = True
@@ -67,6 +68,8 @@ class TrainingOptions:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
         if not self.grad_clip >= 0:
             raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
+        if not self.sample_temperature >= 0:
+            raise ValueError(f"sample_temperature={self.sample_temperature!r} must be >= 0 (0 = greedy)")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}; allowed: auto, float32, bfloat16")
         if self.data is not None and self.prepared is not None:
