@@ -14,6 +14,7 @@ kind and any files it needs, and ``load_tokenizer`` reads it back. Nothing is un
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import shutil
@@ -44,28 +45,28 @@ class GPT2VocabularyError(ValueError):
     """The GPT-2 vocabulary files could not be found locally nor downloaded."""
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
     """The common interface. ``kind`` is "gpt2", "char" or "bpe"; ``eot_id`` is the end-of-text id (or None)."""
 
     kind: str = ""
     vocab_size: int
     eot_id: int | None = None
 
+    @abc.abstractmethod
     def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
         """Text -> ids. ``<|endoftext|>`` in the text becomes ``eot_id`` only with ``allowed_special=True``;
         otherwise its presence is a ``ValueError`` (it would silently mean two different things)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> text. An id outside [0, vocab_size) is a ``ValueError``."""
-        raise NotImplementedError
 
     def encode_batch(self, texts: Sequence[str], *, allowed_special: bool = False) -> list[list[int]]:
         return [self.encode(t, allowed_special=allowed_special) for t in texts]
 
+    @abc.abstractmethod
     def save(self, directory: str | Path) -> None:
         """Write ``tokenizer.json`` (and the files it names) into ``directory``, each file atomically."""
-        raise NotImplementedError
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         ids = [int(i) for i in ids]
