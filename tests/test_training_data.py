@@ -131,3 +131,15 @@ def test_ranks_slice_the_global_batch():
 def test_window_larger_than_data_is_an_error():
     with pytest.raises(ValueError, match="fewer than one window"):
         WindowSampler(np.arange(8, dtype=np.uint16), context_length=8, seed=0)
+
+
+def test_prepare_with_the_gpt2_tokenizer(tmp_path, gpt2_vocab_dir, monkeypatch):
+    monkeypatch.setenv("TINYGPT_GPT2_VOCAB", str(gpt2_vocab_dir))
+    (tmp_path / "a.txt").write_text("Hello world, this is tinygpt.\n")
+    (tmp_path / "b.txt").write_text("A second document.\n")
+    corpus = prepare_corpus([tmp_path / "a.txt", tmp_path / "b.txt"], "gpt2", tmp_path / "prep", progress=False)
+    tokens = np.concatenate([corpus.train, corpus.val]).tolist()
+    assert corpus.train.dtype == np.uint16 and corpus.vocab_size == 50257  # 50257 ids fit in 16 bits
+    assert tokens[:2] == [15496, 995]  # "Hello", " world" in GPT-2's vocabulary
+    # "A", " second", " document", ".", "\n", then the end-of-text id closing each file
+    assert [i for i, t in enumerate(tokens) if t == 50256] == [len(tokens) - 7, len(tokens) - 1]
