@@ -209,6 +209,14 @@ def test_cli_runs_an_experiment(tmp_path, capsys):
     assert set(EXPERIMENTS) == {"residual", "prepost", "activations", "layernorm", "attention", "anatomy"}
 
 
+def test_cli_attention_with_a_random_preset(tmp_path, capsys):
+    assert main(["experiment", "attention", "--config", "tiny", "--prompt", "abc", "--layer", "1",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))
+    assert data["layer"] == 1 and data["token_ids"] == [97 % 16, 98 % 16, 99 % 16]
+    assert "exactly zero: True" in capsys.readouterr().out
+
+
 def test_cli_user_errors_exit_2(tmp_path, capsys):
     assert main(["experiment", "anatomy", "--config", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown config 'nope'" in capsys.readouterr().err

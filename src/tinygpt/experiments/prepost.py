@@ -145,7 +145,7 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         _check_positive(name, value)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps={steps!r} must be a non-negative integer")
-    if not isinstance(lr, (int, float)) or not lr > 0:
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr={lr!r} must be a positive number")
     for depth in depths:
         _check_positive("depth", depth)
@@ -204,10 +204,10 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         emb0 = {label: r["embedding_grad_norm"][0] for label, r in runs.items()}
         better = "pre-LN" if final["pre_ln"] < final["post_ln"] else "post-LN"
         findings += [
-            f"12-layer GPT at step 0 (GPT-2 init, real cross-entropy): token-embedding gradient norm pre-LN "
-            f"{emb0['pre_ln']:.3e} vs post-LN {emb0['post_ln']:.3e} ({emb0['pre_ln'] / emb0['post_ln']:.2f}x): the "
-            "order-of-magnitude claim " + ("held" if emb0["pre_ln"] >= 10 * emb0["post_ln"] else "did NOT hold")
-            + " in this setting either",
+            f"{cfg.n_layers}-layer GPTModel at step 0 (GPT-2 init, real cross-entropy): token-embedding gradient "
+            f"norm pre-LN {emb0['pre_ln']:.3e} vs post-LN {emb0['post_ln']:.3e} "
+            f"({emb0['pre_ln'] / emb0['post_ln']:.2f}x): the order-of-magnitude claim "
+            + ("HELD" if emb0["pre_ln"] >= 10 * emb0["post_ln"] else "did NOT hold") + " for the full models",
             f"training at lr {lr:g}, no warmup, {steps} steps: mean loss over the last 10% pre-LN "
             f"{final['pre_ln']:.4f}, post-LN {final['post_ln']:.4f} ({better} lower); diverged: "
             + ", ".join(f"{k}={r['diverged']}" for k, r in runs.items()),
