@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import struct
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -200,18 +201,38 @@ def _hf_weights_path(directory: Path) -> Path:
     raise ValueError(f"{directory} holds no GPT-2 weights: expected {' or '.join(HF_WEIGHT_FILES)}")
 
 
-def _read_hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of an HF weights file, one tensor in memory at a time where the format allows."""
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _read_hf_tensors(path: Path, transient: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of an HF weights file, one tensor in memory at a time where the format allows.
+
+    safetensors tensors come straight from the file's copy-on-write mapping (no copy), except those for which
+    ``transient(name)`` is true -- the ones about to be transposed into new memory: they are read into a private
+    buffer instead, which is freed after the transpose. Mapped pages, once read, stay resident while the mapping
+    lives, so a mapped-then-copied tensor would count twice in the process's memory.
+    """
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
         try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
+            handle = safe_open(str(path), framework="pt", device="cpu")  # validates the header and the offsets
         except Exception as err:  # SafetensorError is not a ValueError
             raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
-        with handle as f:
+        with handle as f, open(path, "rb") as raw:
+            (header_len,) = struct.unpack("<Q", raw.read(8))  # the format: u64 header length, JSON header, data
+            header = json.loads(raw.read(header_len))
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                info = header[name]
+                dtype = _SAFETENSORS_FLOATS.get(info["dtype"])
+                start, end = info["data_offsets"]
+                if not transient(name) or dtype is None or end == start:
+                    yield name, f.get_tensor(name)
+                    continue
+                buffer = bytearray(end - start)
+                raw.seek(8 + header_len + start)
+                raw.readinto(buffer)
+                yield name, torch.frombuffer(buffer, dtype=dtype).view(info["shape"])
         return
     # weights_only: tensors and plain containers only, never arbitrary objects. mmap avoids a second copy in
     # memory; files from before torch 1.6's zip format cannot be mapped and are read whole.
@@ -253,7 +274,14 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
     path = _hf_weights_path(directory)
     state: dict[str, torch.Tensor] = {}
     head = None
-    for name, tensor in _read_hf_tensors(path):
+    def transposed(name: str) -> bool:
+        try:
+            mapped = _hf_name_to_ours(name.removeprefix("transformer."), config.n_layers)
+        except ValueError:
+            return False  # reported by the loop below
+        return mapped is not None and mapped[1]
+
+    for name, tensor in _read_hf_tensors(path, transposed):
         short = name.removeprefix("transformer.")
         try:
             mapped = _hf_name_to_ours(short, config.n_layers)
