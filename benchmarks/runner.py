@@ -75,14 +75,19 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, log=print) -> dict[str, Any]:
-    """Run the chosen cases; returns the JSON-able results. ``log`` receives each printed table."""
+def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, repeats: int | None = None,
+              log=print) -> dict[str, Any]:
+    """Run the chosen cases; returns the JSON-able results. ``log`` receives each printed table.
+
+    ``repeats`` overrides each timed case's number of interleaved rounds (default: 7 full, 2 quick).
+    """
     unknown = sorted(set(only) - set(CASES))
     if unknown:
         raise ValueError(f"unknown case(s) {', '.join(unknown)}; allowed: {', '.join(CASES)}")
     cores = pin_threads()
     results: dict[str, Any] = {
-        "quick": quick, "cases": list(only), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": quick, "cases": list(only), "repeats": repeats,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cores": cores, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "python": platform.python_version(), "processor": platform.processor() or platform.machine()},
     }
@@ -94,10 +99,11 @@ def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, log=print) ->
         f"median, {ceiling['gflops_best']:.1f} best")
     sections = {
         "forward": ("forward, full logits, float32, inference mode", forward,
-                    lambda: forward.run(quick, ceiling["gflops_median"])),
-        "train": ("training step (forward + backward + AdamW), float32", train_step, lambda: train_step.run(quick)),
+                    lambda: forward.run(quick, ceiling["gflops_median"], repeats=repeats)),
+        "train": ("training step (forward + backward + AdamW), float32", train_step,
+                  lambda: train_step.run(quick, repeats=repeats)),
         "memory": ("peak RSS, each in a fresh process", memory, lambda: memory.run(quick)),
-        "bf16": ("bf16 autocast vs float32, tinygpt forward", bf16, lambda: bf16.run(quick)),
+        "bf16": ("bf16 autocast vs float32, tinygpt forward", bf16, lambda: bf16.run(quick, repeats=repeats)),
     }
     for case in CASES:
         if case not in only:
@@ -134,10 +140,22 @@ def _parse_cases(text: str) -> list[str]:
     return cases
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the runner works in seconds")
     parser.add_argument("--json", metavar="PATH", help="write the results here (default: do not write)")
+    parser.add_argument("--repeats", type=_positive, metavar="N",
+                        help="interleaved timed rounds per case (default 7; quick: 2)")
     parser.add_argument("--only", type=_parse_cases, default=list(CASES), metavar="CASES",
                         help=f"comma-separated subset of: {', '.join(CASES)}")
     return parser
@@ -145,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    results = run_suite(args.quick, args.only)
+    results = run_suite(args.quick, args.only, repeats=args.repeats)
     if args.json:
         write_json_atomic(args.json, results)
         print(f"\nwrote {args.json}")

@@ -124,3 +124,23 @@ def test_pre_and_post_ln_differ_with_the_same_weights():
 def test_block_dropouts_are_independent():
     block = TransformerBlock(get_config("tiny", drop_rate_shortcut=0.2, drop_rate_attn=0.4))
     assert block.drop_shortcut.p == 0.2 and block.att.dropout.p == 0.4
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_forward_is_the_written_out_formula(bias):
+    from tinygpt.layers import layer_norm_formula
+
+    torch.manual_seed(0)
+    ln = LayerNorm(7, bias=bias).double()
+    with torch.no_grad():
+        ln.scale.add_(torch.randn(7, dtype=torch.float64))
+        if bias:
+            ln.shift.add_(torch.randn(7, dtype=torch.float64))
+    x = (3 * torch.randn(2, 5, 7, dtype=torch.float64) + 1).requires_grad_()
+    fused = ln(x)
+    formula = layer_norm_formula(x, ln.scale, ln.shift, ln.eps)
+    torch.testing.assert_close(fused, formula, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(fused.square().sum(), [x, ln.scale])
+    grads_formula = torch.autograd.grad(formula.square().sum(), [x, ln.scale])
+    for g, h in zip(grads, grads_formula):
+        torch.testing.assert_close(g, h, rtol=0, atol=1e-10)

@@ -86,3 +86,21 @@ def test_backward_reaches_every_parameter(tiny_config):
     loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_inference_head_writes_aligned_rows_with_the_same_logits():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=321, context_length=16, emb_dim=32, n_heads=4, n_layers=2)
+    model = GPTModel(config).eval()
+    idx = torch.randint(0, 321, (3, 9))
+    trained = model(idx)  # autograd on: the plain linear, contiguous [B, T, V]
+    with torch.inference_mode():
+        logits = model(idx)
+        last = model(idx, last_only=True)
+        plain = torch.nn.functional.linear(model.hidden_states(idx), model.out_head.weight)
+    assert logits.shape == (3, 9, 321) and last.shape == (3, 1, 321)
+    assert logits.stride(1) % 64 == 0 and logits.stride(1) >= 321  # rows padded; only V columns visible
+    assert trained.is_contiguous()
+    torch.testing.assert_close(logits, plain, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits, trained.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(last, plain[:, -1:], rtol=0, atol=1e-6)

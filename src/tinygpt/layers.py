@@ -37,10 +37,22 @@ class LayerNorm(nn.Module):
             self.register_parameter("shift", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
-        var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1], divides by D
-        normed = self.scale * (x - mean) / torch.sqrt(var + self.eps)
-        return normed if self.shift is None else normed + self.shift
+        # torch's fused kernel for the very formula of ``layer_norm_formula`` (biased variance, eps inside the
+        # root): one pass over memory instead of seven; the tests hold the two together. The kernel wants one
+        # dtype; for mixed dtypes the formula runs, promoting as torch's arithmetic does.
+        if x.dtype != self.scale.dtype:
+            return layer_norm_formula(x, self.scale, self.shift, self.eps)
+        return F.layer_norm(x, x.shape[-1:], self.scale, self.shift, self.eps)
+
+
+def layer_norm_formula(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm written out (seed 000 §6.2), the definition ``LayerNorm.forward`` computes: [..., D] -> [..., D]."""
+    mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
+    var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1], divides by D (biased)
+    normed = scale * (x - mean) / torch.sqrt(var + eps)
+    return normed if shift is None else normed + shift
 
 
 class RMSNorm(nn.Module):
