@@ -233,3 +233,11 @@ def test_round_trip_of_a_llama_style_variant(tmp_path):
     idx = torch.randint(0, 37, (2, 12))
     with torch.no_grad():
         assert torch.equal(loaded(idx), model(idx))
+
+
+def test_a_broken_tie_is_refused_not_silently_dropped(tmp_path):
+    model = _random_model(CONFIGS[0].replace(tie_weights=True))
+    model.out_head.weight = torch.nn.Parameter(model.tok_emb.weight.detach().clone())
+    with pytest.raises(ValueError, match="re-tie"):
+        save_model(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()

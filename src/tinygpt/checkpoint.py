@@ -49,9 +49,13 @@ def save_model(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | No
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
-    state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    raw = model.state_dict()
     if model.config.tie_weights:
-        del state[_TIED_KEY]
+        if raw[_TIED_KEY].data_ptr() != raw["tok_emb.weight"].data_ptr():
+            raise ValueError("config.tie_weights is true but out_head.weight is no longer tok_emb.weight; "
+                             "re-tie them (model.out_head.weight = model.tok_emb.weight) before saving")
+        del raw[_TIED_KEY]  # the same tensor as tok_emb.weight: stored once
+    state = {name: t.detach().to("cpu").contiguous() for name, t in raw.items()}
     with atomic_directory(directory) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, model.config.to_json() + "\n")
         save_file(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
