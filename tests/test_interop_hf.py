@@ -145,7 +145,6 @@ def test_unknown_missing_and_misshaped_tensors(tmp_path):
     ("activation_function", "relu"),
     ("scale_attn_by_inverse_layer_idx", True),
     ("scale_attn_weights", False),
-    ("layer_norm_epsilon", 1e-6),
     ("add_cross_attention", True),
     ("n_inner", 7),
     ("model_type", "gpt_neo"),
@@ -166,7 +165,20 @@ def test_dropout_and_tying_come_from_the_config():
                                    "resid_pdrop": 0.1, "embd_pdrop": 0.2, "attn_pdrop": 0.3,
                                    "tie_word_embeddings": False})
     assert (config.shortcut_dropout, config.emb_dropout, config.attn_dropout) == (0.1, 0.2, 0.3)
-    assert not config.tie_weights and config.qkv_bias and config.pre_ln
+    assert not config.tie_weights and config.qkv_bias and config.pre_ln and config.norm_eps == 1e-5
+
+
+def test_layer_norm_epsilon_round_trips(tmp_path):
+    hf_config = GPT2Config(**{**HF_CONFIGS[0].to_dict(), "layer_norm_epsilon": 1e-3})
+    hf = _hf_model(hf_config)
+    hf.save_pretrained(tmp_path / "a")
+    ours = import_hf(tmp_path / "a")
+    assert ours.config.norm_eps == 1e-3
+    idx = _ids(hf_config.vocab_size)
+    with torch.no_grad():
+        assert (ours(idx) - hf(idx).logits).abs().max().item() <= 1e-5
+    export_hf(ours, tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["layer_norm_epsilon"] == 1e-3
 
 
 def _random_ours(config: GPTConfig) -> GPTModel:

@@ -96,11 +96,11 @@ def tinygpt_to_gpt2(ours: dict[str, torch.Tensor], config: GPTConfig) -> dict[st
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED_BUFFERS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers that old transformers versions saved
+_BLOCK_TENSOR = re.compile(r"h\.(\d+)\.(.+)")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # HF config fields that change what the model computes, with the only values tinygpt computes the same way.
 _REQUIRED_HF_VALUES: dict[str, tuple[Any, ...]] = {
     "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both are the tanh GELU of layers.GELU
-    "layer_norm_epsilon": (1e-5,),  # layers.LayerNorm's eps
     "scale_attn_weights": (True,),  # scores / sqrt(head_dim)
     "scale_attn_by_inverse_layer_idx": (False,),  # an extra 1 / (layer + 1) on the scores
     "add_cross_attention": (False,),  # encoder-decoder blocks
@@ -144,6 +144,7 @@ def hf_config_to_tinygpt(hf: dict[str, Any], source: str | Path = "config.json")
             n_layers=hf["n_layer"], drop_rate=resid, drop_rate_emb=None if emb == resid else emb,
             drop_rate_attn=None if attn == resid else attn,
             qkv_bias=True, tie_weights=bool(hf.get("tie_word_embeddings", True)), pre_ln=True,
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         )
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: {err}") from None
@@ -154,7 +155,7 @@ def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
     if not config.pre_ln:
         raise ValueError("GPT-2 is pre-LN: a post-LN model (pre_ln=False) cannot be exported as GPT2LMHeadModel")
     handled = {"vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "drop_rate_emb",
-               "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln"}
+               "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln", "norm_eps"}
     for f in dataclasses.fields(GPTConfig):
         if f.name not in handled and getattr(config, f.name) != f.default:
             raise ValueError(
@@ -165,7 +166,7 @@ def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.emb_dim,
         "n_layer": config.n_layers, "n_head": config.n_heads, "n_inner": None,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps,
         "resid_pdrop": config.shortcut_dropout, "embd_pdrop": config.emb_dropout, "attn_pdrop": config.attn_dropout,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": config.tie_weights, "initializer_range": 0.02,
@@ -179,16 +180,15 @@ def _hf_name_to_ours(name: str, n_layers: int) -> tuple[str, bool] | None:
            "ln_f.bias": "final_norm.shift", "lm_head.weight": "out_head.weight"}
     if name in top:
         return top[name], False
-    match = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", name)
+    match = _BLOCK_TENSOR.fullmatch(name)
     if match and int(match[1]) < n_layers:
-        layer, module, kind = int(match[1]), match[2], match[3]
-        prefix = f"trf_blocks.{layer}."
-        if module in _NORMS:
+        prefix, (module, _, kind) = f"trf_blocks.{int(match[1])}.", match[2].rpartition(".")
+        if match[2] in _IGNORED_BUFFERS:
+            return None
+        if module in _NORMS and kind in ("weight", "bias"):
             return f"{prefix}{_NORMS[module]}.{'scale' if kind == 'weight' else 'shift'}", False
-        if module in _LINEARS:
+        if module in _LINEARS and kind in ("weight", "bias"):
             return f"{prefix}{_LINEARS[module]}.{kind}", kind == "weight"  # Conv1D [in, out] -> Linear [out, in]
-    if re.fullmatch(r"h\.\d+\.(attn\.bias|attn\.masked_bias)", name):
-        return None
     raise ValueError(f"unexpected tensor {name!r}: not part of a GPT-2 model tinygpt understands")
 
 
