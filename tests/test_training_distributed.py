@@ -1,4 +1,5 @@
-"""torchrun on CPU (gloo): 2 ranks of DDP, and of FSDP2, end where one process on the same global batch ends."""
+"""torchrun on CPU (gloo): 2 ranks of DDP, and of FSDP2 (with a resume halfway), end where one process on the same
+global batch ends."""
 
 import os
 import subprocess
@@ -31,15 +32,16 @@ WORKER = textwrap.dedent("""
     # DDP through the library: every rank dumps its own parameters.
     result = train(TrainingOptions(prepared=prepared, out_dir=out + "/ddp", batch_size=2, **settings))
     torch.save({k: v.detach() for k, v in result.model.named_parameters()}, f"{out}/ddp-rank{rank}.pt")
-    # FSDP2 through the command line: rank 0 writes the gathered model into the run folder.
     json_config = out + "/config.json"
     if rank == 0:
         open(json_config, "w").write(settings["config"].to_json())
     torch.distributed.barrier()
-    code = main(["train", "--prepared", prepared, "--out", out + "/fsdp", "--fsdp", "--batch-size", "2",
-                 "--config", json_config, "--max-steps", "4", "--warmup-steps", "1", "--eval-every", "2",
-                 "--eval-iters", "1", "--sample-tokens", "4", "--device", "cpu", "--seed", "0", "--lr", "1e-2",
-                 "--no-progress"])
+    # FSDP2 through the command line, interrupted after step 2 and resumed: rank 0 writes the gathered model.
+    fsdp = ["train", "--prepared", prepared, "--out", out + "/fsdp", "--fsdp", "--batch-size", "2",
+            "--config", json_config, "--max-steps", "4", "--warmup-steps", "1", "--eval-every", "2",
+            "--eval-iters", "1", "--sample-tokens", "4", "--device", "cpu", "--seed", "0", "--lr", "1e-2",
+            "--no-progress"]
+    code = main(fsdp + ["--stop-after", "2"]) or main(fsdp + ["--resume", "auto"])
     torch.distributed.destroy_process_group()
     sys.exit(code)
 """)
