@@ -148,8 +148,9 @@ def profile_decode(model: GPTModel, idx: torch.Tensor, n: int, top: int = 12) ->
     total = sum(t for _, t in events) or 1.0
     groups = {"matmul (linear layers, head)": ("aten::addmm", "aten::mm", "aten::bmm"),
               "attention (sdpa)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
-              "layer norm (mean, var, arithmetic)": ("aten::var", "aten::mean", "aten::sub", "aten::div",
-                                                      "aten::sqrt", "aten::mul", "aten::add"),
+              "layer norm (and elementwise arithmetic)": ("aten::native_layer_norm", "aten::var", "aten::mean",
+                                                           "aten::sub", "aten::div", "aten::sqrt", "aten::mul",
+                                                           "aten::add"),
               "gelu": ("aten::gelu",), "copies (cache writes, views)": ("aten::copy_", "aten::_to_copy")}
     shares: dict[str, float] = {name: 0.0 for name in groups}
     shares["other (dispatch, python-visible small ops)"] = 0.0
@@ -248,6 +249,8 @@ def table(result: dict[str, Any]) -> str:
                ("weight_gbps", "weight GB/s"), ("match", "tokens = tinygpt's")]
     bw = result["copy_bandwidth"]
     lines = [format_table(rows, columns), "",
+             "weight GB/s = weights read per step x new tokens / total time (prompt prefill included: a lower "
+             "bound on the decode steps' rate)",
              f"weights read per decode step: {result['weight_bytes_per_step'] / 1e6:.1f} MB; copy bandwidth "
              f"({bw['megabytes']} MB tensor, read + write): {bw['gbps_median']:.1f} GB/s median, "
              f"{bw['gbps_best']:.1f} best"]
