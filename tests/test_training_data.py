@@ -79,7 +79,10 @@ def _no_paths(d):
 
 
 @pytest.mark.parametrize("make, message", [
-    (_missing, "does not exist"), (_empty_file, "empty"), (_empty_folder, "no text files"), (_no_paths, "no data paths"),
+    (_missing, "does not exist"),
+    (_empty_file, "empty"),
+    (_empty_folder, "no text files"),
+    (_no_paths, "no data paths"),
 ])
 def test_bad_corpus_is_a_clear_error(tmp_path, make, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

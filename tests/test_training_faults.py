@@ -1,4 +1,4 @@
-"""A real training process killed with SIGKILL in the middle of a checkpoint write resumes from the last complete one."""
+"""A real training process, SIGKILLed in the middle of a checkpoint write, resumes from the last complete one."""
 
 import os
 import signal

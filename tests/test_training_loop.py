@@ -29,9 +29,9 @@ def prepared(tmp_path, training_text_file):
 
 
 def options(run_dir, prepared, **overrides) -> TrainingOptions:
-    settings = dict(prepared=str(prepared) if prepared else None, config=CONFIG, out_dir=str(run_dir), max_steps=8, batch_size=4,
-                    warmup_steps=2, eval_every=4, eval_iters=2, sample_tokens=8, progress=False, device="cpu",
-                    seed=0, lr=3e-3)
+    settings = dict(prepared=str(prepared) if prepared else None, config=CONFIG, out_dir=str(run_dir), max_steps=8,
+                    batch_size=4, warmup_steps=2, eval_every=4, eval_iters=2, sample_tokens=8, progress=False,
+                    device="cpu", seed=0, lr=3e-3)
     settings.update(overrides)
     return TrainingOptions(**settings)
 

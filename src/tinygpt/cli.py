@@ -156,7 +156,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", default=None, metavar="DIR|auto",
                    help="continue from a step-N checkpoint or a run folder's newest one; auto = OUT's newest, "
                         "or a fresh start when there is none")
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"optimizer steps in all (default: {d.max_steps})")
+    p.add_argument("--max-steps", type=int, default=d.max_steps,
+                   help=f"optimizer steps in all (default: {d.max_steps})")
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                    help="end this invocation after STEP (with a checkpoint) as if interrupted; the schedule still "
                         "runs to --max-steps, and --resume continues")
@@ -536,9 +537,39 @@ def _run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- bench
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="the benchmark suite (source checkout only): python -m benchmarks")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the runner works in seconds")
+    p.add_argument("--json", metavar="PATH", help="write the results here")
+    p.add_argument("--only", metavar="CASES", help="comma-separated subset of the cases")
+    p.add_argument("--repeats", metavar="N", help="interleaved timed rounds per case")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("benchmarks") is None:
+        # The suite is not part of the installed package; an editable install finds it next to src/.
+        checkout = Path(__file__).resolve().parents[2]
+        if not (checkout / "benchmarks" / "runner.py").exists():
+            raise CommandError("the benchmark suite lives in the source checkout's benchmarks/ package; "
+                               "run `python -m benchmarks` from a checkout of tinygpt")
+        sys.path.insert(0, str(checkout))
+    from benchmarks.runner import main as bench_main
+
+    argv = ["--quick"] if args.quick else []
+    for flag in ("json", "only", "repeats"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", getattr(args, flag)]
+    return bench_main(argv)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_params, _add_verify, _add_prepare, _add_train, _add_generate, _add_convert, _add_experiment,
-    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat,
+    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat, _add_bench,
 ]
 
 
