@@ -181,8 +181,8 @@ def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
                          f"another --out")
     if step >= max_steps:
         raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}")
-    else:
-        torch.manual_seed(options.seed)  # dropout masks and sampling of a fresh run; a resume restored the saved RNG
+    if resume_from is None:
+        torch.manual_seed(options.seed)  # dropout masks of a fresh run; a resume restored the saved RNG states
     log = MetricsLog(run_dir / "metrics.jsonl", step if resume_from is not None else None)
     checkpoint_every = options.checkpoint_every or options.eval_every
     last_eval: dict[str, float] = {}
