@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from conftest import INSTRUCTION_DATA, PREFERENCE_DATA
 from tinygpt.alignment.batches import (IGNORE_INDEX, EncodedExample, batch_for_step, collate_sequences,
