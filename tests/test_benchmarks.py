@@ -107,3 +107,12 @@ def test_table_and_atomic_json(tmp_path):
     write_json_atomic(path, {"k": [1, 2]})
     assert json.loads(path.read_text()) == {"k": [1, 2]}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_cli_bench_calls_the_same_runner(tmp_path):
+    from tinygpt.cli import main
+
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--only", "bf16", "--repeats", "1", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert result["cases"] == ["bf16"] and result["repeats"] == 1 and "bf16" in result
