@@ -7,7 +7,8 @@ import torch
 from tinygpt import GPTConfig
 from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model
 from tinygpt.cli import main
-from tinygpt.training import TrainingDiverged, TrainingOptions, list_checkpoints, load_training_state, train
+from tinygpt.training import (TrainingDiverged, TrainingOptions, flops_per_token, list_checkpoints,
+                              load_training_state, train)
 from tinygpt.training.data import prepare_corpus
 
 CONFIG = GPTConfig(vocab_size=24, context_length=16, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.1)
@@ -60,7 +61,7 @@ def test_resume_is_bit_identical(tmp_path, prepared):
 
 def test_a_run_leaves_a_loadable_model_metrics_and_plot(tmp_path, prepared):
     run = tmp_path / "run"
-    result = train(options(run, prepared, max_steps=40, eval_every=10, keep_last=1, lr=1e-2))
+    result = train(options(run, prepared, max_steps=40, eval_every=10, keep_last=1, lr=1e-2, peak_tflops=0.5))
     vocab = load_checkpoint_tokenizer(run).vocab_size
     assert result.val_loss < math.log(vocab)  # learned something: better than a uniform guess
     model = load_model(run)  # RUN_DIR itself holds the final model
@@ -70,7 +71,8 @@ def test_a_run_leaves_a_loadable_model_metrics_and_plot(tmp_path, prepared):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 41))
     assert [r["step"] for r in records if "val_loss" in r] == [10, 20, 30, 40]
-    assert all(r["tokens_per_second"] > 0 and r["tflops"] > 0 for r in records)
+    per_token = flops_per_token(CONFIG)
+    assert all(math.isclose(r["mfu"], r["tokens_per_second"] * per_token / 0.5e12) for r in records)
     assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_checkpoint"] == f"step-{result.best_step}" and summary["val_loss"] == result.val_loss

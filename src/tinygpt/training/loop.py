@@ -367,8 +367,10 @@ def _train(run: _Run) -> TrainingResult:
                     run.best_step, run.best_val = run.step, last_eval["val_loss"]
                 text = run.sample()
                 samples.append(text)
+                speed = f"{tokens_per_second:,.0f} tok/s, {record['tflops']:.3g} TFLOP/s" + (
+                    f", MFU {record['mfu']:.1%}" if "mfu" in record else "")
                 run.log(f"step {run.step}: train {last_eval['train_loss']:.4f}  val {last_eval['val_loss']:.4f}  "
-                        f"(unigram {baseline:.4f})  {tokens_per_second:,.0f} tok/s\n--- sample ---\n{text}\n---")
+                        f"(unigram {baseline:.4f})  {speed}\n--- sample ---\n{text}\n---")
             if log is not None:
                 log.append(record)
                 if "val_loss" in record:

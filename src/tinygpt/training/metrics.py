@@ -19,11 +19,11 @@ _PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "
 
 
 def flops_per_token(config: GPTConfig) -> float:
-    """Training FLOPs per token: 6N for the matmuls over the N weights that multiply activations (the blocks and the
-    head; embedding lookups are not matmuls), plus 12 L C D for attention scores and their use (forward 2 x 2 L C D,
+    """Training FLOPs per token: 6N, N = every parameter but the two embedding tables (a lookup is not a matmul;
+    the head multiplies, tied or not), plus 12 L C D for attention scores and their use (forward 2 x 2 L C D,
     backward twice that), as in the PaLM paper's appendix B with sequence length C."""
     counts = count_parameters(config)
-    matmul_params = counts.n_layers * counts.per_block + config.vocab_size * config.emb_dim  # head, tied or not
+    matmul_params = counts.n_layers * counts.per_block + counts.final_norm + config.vocab_size * config.emb_dim
     return 6.0 * matmul_params + 12.0 * config.n_layers * config.context_length * config.emb_dim
 
 
