@@ -241,3 +241,9 @@ def test_a_broken_tie_is_refused_not_silently_dropped(tmp_path):
     with pytest.raises(ValueError, match="re-tie"):
         save_model(model, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_hugging_face_folder_is_recognised(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8, "n_layer": 1}))
+    with pytest.raises(ValueError, match="holds a Hugging Face model.*convert --from-hf"):
+        load_model(tmp_path)

@@ -68,7 +68,15 @@ def load_config(directory: str | Path) -> GPTConfig:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{Path(directory)} is not a tinygpt checkpoint: {CONFIG_FILE} is missing")
-    return GPTConfig.from_file(path)  # its errors already name the file and the key
+    try:
+        return GPTConfig.from_file(path)  # its errors already name the file and the key
+    except ValueError as err:
+        if '"model_type"' in path.read_text(encoding="utf-8", errors="replace"):  # transformers writes this key
+            raise ValueError(
+                f"{Path(directory)} holds a Hugging Face model, not a tinygpt checkpoint: convert it with "
+                f"`tinygpt convert --from-hf {directory} --out DIR` (or load it with tinygpt.interop.hf.import_hf)"
+            ) from None
+        raise err from None
 
 
 def check_names_and_shapes(source: str | Path, shapes: Mapping[str, Sequence[int]],
