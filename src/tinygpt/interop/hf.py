@@ -374,7 +374,7 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
         raise ValueError(f"{repo_id!r} is not a local directory nor a repository on the Hugging Face hub") from None
     except Exception as err:  # no network / offline mode: huggingface_hub raises several unrelated types
         raise ValueError(
-            f"{repo_id!r} is no local directory, and tinygpt cannot fetch {repo_id!r} from the Hugging Face hub "
+            f"{repo_id!r} is not a local directory, and tinygpt cannot fetch {repo_id!r} from the Hugging Face hub "
             f"(offline, and not in the local cache: {type(err).__name__}); go online once, or download the folder "
             f"(config.json + model.safetensors) elsewhere and pass its path"
         ) from None
