@@ -12,7 +12,7 @@ from conftest import INSTRUCTION_DATA
 from tinygpt import GPTConfig, GPTModel
 from tinygpt.alignment.loop import FinetuneOptions, run_stage
 from tinygpt.alignment.ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
-from tinygpt.alignment.ppo_trainer import PPOStage, build_batch
+from tinygpt.alignment.ppo_trainer import PPOStage, action_logprobs_values, build_batch
 from tinygpt.alignment.reward import RewardModel, save_reward_model
 from tinygpt.cli import main
 
@@ -68,6 +68,19 @@ def test_build_batch_places_actions_after_each_prompt():
     assert inputs.tolist() == [[1, 2, 3, 5], [4, 7, 8, 0]]
     assert index.tolist() == [[2, 3, 0], [0, 1, 2]] and actions.tolist() == [[5, 6, 0], [7, 8, 9]]
     assert mask.tolist() == [[True, True, False], [True, True, True]]
+
+
+def test_action_logprobs_are_the_tempered_policy_at_each_action():
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=16, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
+    prompts, responses = [[1, 2, 3], [4]], [[5, 6], [7, 8, 9]]
+    inputs, index, actions, mask = build_batch(prompts, responses, pad_id=0)
+    with torch.no_grad():
+        logp, _, _ = action_logprobs_values(model, None, inputs, index, actions, temperature=0.5)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            full = torch.log_softmax(model(torch.tensor([p + r]))[0] / 0.5, dim=-1)  # [T, V], row i alone
+            expected = torch.stack([full[len(p) - 1 + k, tok] for k, tok in enumerate(r)])
+            assert torch.allclose(logp[i, : len(r)], expected, atol=1e-5)
 
 
 TARGET = 7

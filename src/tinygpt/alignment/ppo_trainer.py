@@ -73,12 +73,15 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
 
 
 def action_logprobs_values(model: GPTModel, value_head: nn.Module | None, inputs: torch.Tensor,
-                           action_index: torch.Tensor, actions: torch.Tensor
+                           action_index: torch.Tensor, actions: torch.Tensor, temperature: float = 1.0
                            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(log pi(a) [B, N], values [B, N] or None, entropy [B, N]) at the action positions, one trunk pass."""
+    """(log pi(a) [B, N], values [B, N] or None, entropy [B, N]) at the action positions, one trunk pass.
+
+    pi is softmax(logits / temperature): the distribution the responses were sampled from, so that the ratio and
+    the KL are about the policy that acted (as TRL does; a ``top_k`` filter is not reflected in them)."""
     h = model.hidden_states(inputs)  # [B, L-1, D]
     h = h.gather(1, action_index.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # [B, N, D]
-    logits = model.out_head(h).float()  # [B, N, V]
+    logits = model.out_head(h).float() / temperature  # [B, N, V]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [B, N]
     values = value_head(h).squeeze(-1).float() if value_head is not None else None
     return logp, values, entropy(logits)
@@ -131,9 +134,10 @@ class PPOStage(Stage):
         responses = self._sample(prompts)
         scores = self.reward_fn(prompts, responses).detach().float().to(device)  # [B]
         inputs, action_index, actions, mask = (t.to(device) for t in build_batch(prompts, responses, self.pad_id))
+        t = cfg.temperature
         logp_old, values_old, ent = action_logprobs_values(self.policy, self.heads["value"], inputs, action_index,
-                                                           actions)
-        logp_ref, _, _ = action_logprobs_values(self.reference, None, inputs, action_index, actions)
+                                                           actions, t)
+        logp_ref, _, _ = action_logprobs_values(self.reference, None, inputs, action_index, actions, t)
         rewards, kl = token_rewards(scores, logp_old, logp_ref, mask, cfg.kl_coef)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.lam)
         return Rollout(inputs, action_index, actions, mask, logp_old, values_old * mask,
@@ -154,7 +158,7 @@ class PPOStage(Stage):
                 rows = order[start : start + size]
                 mask = r.mask[rows]
                 logp, values, ent = action_logprobs_values(self.policy, self.heads["value"], r.inputs[rows],
-                                                           r.action_index[rows], r.actions[rows])
+                                                           r.action_index[rows], r.actions[rows], cfg.temperature)
                 p_loss, clip_fraction = policy_loss(logp, r.logp_old[rows], r.advantages[rows], mask, cfg.clip_range)
                 v_loss = value_loss(values, r.values_old[rows], r.returns[rows], mask, cfg.value_clip_range)
                 loss = p_loss + cfg.value_coef * v_loss - cfg.entropy_coef * masked_mean(ent, mask)
