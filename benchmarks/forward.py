@@ -15,9 +15,14 @@ from .models import available, build_hf, build_tinygpt, build_upstream, forward_
 
 FULL_SHAPES = [(1, 128), (1, 1024), (8, 256)]
 QUICK_SHAPES = [(1, 8), (1, 64), (4, 16)]
+_CEILING = "matmul ceiling"
 
 
-def run(quick: bool, ceiling_gflops: float, *, repeats: int | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, ceiling_gflops: float, *, repeats: int | None = None, ceiling_size: int | None = None
+) -> dict[str, Any]:
+    """Time every implementation at every shape; with ``ceiling_size`` the matmul ceiling is also timed inside
+    each shape's rounds (A B C M A B C M ...), so that on a loaded machine the fraction compares like moments."""
     config = quick_config() if quick else gpt2_small()
     shapes = QUICK_SHAPES if quick else FULL_SHAPES
     repeats = repeats or (2 if quick else 7)
@@ -30,6 +35,8 @@ def run(quick: bool, ceiling_gflops: float, *, repeats: int | None = None) -> di
         else:
             skipped.append(name)
     calls = {name: logits_of(model) for name, model in models.items()}
+    square = torch.randn(ceiling_size or 1, ceiling_size or 1)
+    product = torch.empty_like(square)
 
     rows = []
     for batch, tokens in shapes:
@@ -38,15 +45,21 @@ def run(quick: bool, ceiling_gflops: float, *, repeats: int | None = None) -> di
             reference_logits = calls["tinygpt"](idx)
             diffs = {name: (call(idx) - reference_logits).abs().max().item() for name, call in calls.items()}
             del reference_logits
-            stats = time_interleaved({name: (lambda c=call: c(idx)) for name, call in calls.items()},
-                                     warmup=1, repeats=repeats)
+            fns = {name: (lambda c=call: c(idx)) for name, call in calls.items()}
+            if ceiling_size:
+                fns[_CEILING] = lambda: torch.mm(square, square, out=product)
+            stats = time_interleaved(fns, warmup=1, repeats=repeats)
         flops = forward_flops(config, batch, tokens)
+        ceiling_here = ceiling_gflops
+        if ceiling_size:
+            ceiling_here = 2.0 * ceiling_size**3 / stats.pop(_CEILING)["median_s"] / 1e9
         for name, s in stats.items():
             gflops = flops / s["median_s"] / 1e9
             rows.append({
                 "shape": f"{batch}x{tokens}", "impl": name, **s, "time_ms": spread(s),
                 "tokens_per_s": batch * tokens / s["median_s"], "gflops": gflops,
-                "ceiling_fraction": gflops / ceiling_gflops, "max_abs_logit_diff": diffs[name],
+                "ceiling_gflops": ceiling_here, "ceiling_fraction": gflops / ceiling_here,
+                "max_abs_logit_diff": diffs[name],
                 "flops": flops,
             })
     for row in rows:
@@ -57,7 +70,8 @@ def run(quick: bool, ceiling_gflops: float, *, repeats: int | None = None) -> di
 
 def table(result: dict[str, Any]) -> str:
     columns = [("shape", "B x T"), ("impl", "impl"), ("time_ms", "ms median [min-max]"),
-               ("tokens_per_s", "tokens/s"), ("gflops", "GFLOP/s"), ("ceiling_fraction", "of ceiling"),
+               ("tokens_per_s", "tokens/s"), ("gflops", "GFLOP/s"), ("ceiling_gflops", "ceiling GFLOP/s"),
+               ("ceiling_fraction", "of ceiling"),
                ("tinygpt_speedup", "tinygpt speedup"), ("max_abs_logit_diff", "max |dlogit|")]
     text = format_table(result["rows"], columns)
     for name in result["not_available"]:

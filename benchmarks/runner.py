@@ -99,7 +99,8 @@ def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, repeats: int 
         f"median, {ceiling['gflops_best']:.1f} best")
     sections = {
         "forward": ("forward, full logits, float32, inference mode", forward,
-                    lambda: forward.run(quick, ceiling["gflops_median"], repeats=repeats)),
+                    lambda: forward.run(quick, ceiling["gflops_median"], repeats=repeats,
+                                        ceiling_size=ceiling["size"])),
         "train": ("training step (forward + backward + AdamW), float32", train_step,
                   lambda: train_step.run(quick, repeats=repeats)),
         "memory": ("peak RSS, each in a fresh process", memory, lambda: memory.run(quick)),
