@@ -94,6 +94,18 @@ class GPTModel(nn.Module):
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
 
+    def embed(
+        self, idx: torch.Tensor, *, start_pos: int = 0, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The blocks' input [B, T, D] for checked ids idx [B, T], and the RoPE (cos, sin) tables the blocks
+        need ([T, hd] or [B, T, hd]; None with learned positions). Embedding dropout is applied here."""
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)  # [T]
+        if self.rope is not None:
+            x = self.drop_emb(self.tok_emb(idx))  # [B, T, D]
+            return x, self.rope(positions, x.dtype)  # computed once, shared by every layer
+        return self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions)), None  # [B, T, D]
+
     def hidden_states(
         self,
         idx: torch.Tensor,
@@ -107,15 +119,7 @@ class GPTModel(nn.Module):
         self.check_input(idx, start_pos)
         if idx.dtype not in (torch.int64, torch.int32):  # nn.Embedding indexes with int32/int64 only
             idx = idx.long()
-        t = idx.shape[1]
-        if positions is None:
-            positions = torch.arange(start_pos, start_pos + t, device=idx.device)  # [T]
-        rope = None  # (cos, sin), [T, hd] or [B, T, hd]: computed once, shared by every layer
-        if self.rope is not None:
-            x = self.drop_emb(self.tok_emb(idx))  # [B, T, D]
-            rope = self.rope(positions, x.dtype)
-        else:
-            x = self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions))  # [B, T, D]
+        x, rope = self.embed(idx, start_pos=start_pos, positions=positions)
         for layer, block in enumerate(self.trf_blocks):
             x = block(x, cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask, rope=rope)  # [B, T, D]
         return self.final_norm(x)

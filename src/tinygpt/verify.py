@@ -196,7 +196,7 @@ def check_hf_openai_gpt(config: GPTConfig, dtype: torch.dtype, tolerance: float,
     _load_strict(ref, mapped)
     idx = _inputs(config, seed)
     with torch.no_grad():
-        x = ours.tok_emb(idx) + ours.pos_emb(torch.arange(idx.shape[1]))
+        x, _ = ours.embed(idx)  # [B, T, D]
         for block in ours.trf_blocks:
             x = block(x)
         diff = _max_diff(x, ref(idx).last_hidden_state)
