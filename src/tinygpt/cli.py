@@ -62,10 +62,10 @@ def _run_params(args: argparse.Namespace) -> int:
         return 0
     rows = [
         ("token embedding (V*D)", counts.token_embedding),
-        ("position embedding (C*D)", counts.position_embedding),
+        ("position embedding (C*D, 0 with RoPE)", counts.position_embedding),
         (f"attention ({config.n_layers} x {counts.attention_per_block:,})", counts.attention),
         (f"feed-forward ({config.n_layers} x {counts.feed_forward_per_block:,})", counts.feed_forward),
-        (f"layer norms ({config.n_layers} x {counts.norms_per_block:,} + {counts.final_norm:,})", counts.norms),
+        (f"{config.norm} ({config.n_layers} x {counts.norms_per_block:,} + {counts.final_norm:,})", counts.norms),
         ("output head (V*D, 0 when tied)", counts.head),
         ("total", counts.total),
     ]
@@ -73,6 +73,11 @@ def _run_params(args: argparse.Namespace) -> int:
         rows.append(("stored in model.safetensors", stored))
     print(f"{label}: V={config.vocab_size} C={config.context_length} D={config.emb_dim} "
           f"H={config.n_heads} L={config.n_layers} qkv_bias={config.qkv_bias} tie_weights={config.tie_weights}")
+    defaults = GPTConfig()
+    variant = [f"{name}={getattr(config, name)}" for name in ("norm", "ffn", "bias", "pos_emb", "n_kv_heads")
+               if getattr(config, name) != getattr(defaults, name)]
+    if variant:
+        print(f"  variant: {' '.join(variant)}")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value:>15,}")
