@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from .common import format_table, spread, time_interleaved
-from .models import available, build_hf, build_tinygpt, build_upstream, forward_flops, gpt2_small, logits_of, quick_config
+from .models import (available, build_hf, build_tinygpt, build_upstream, forward_flops, gpt2_small, logits_of,
+                     quick_config)
 
 FULL_SHAPES = [(1, 128), (1, 1024), (8, 256)]
 QUICK_SHAPES = [(1, 8), (1, 64), (4, 16)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from typing import Any, Sequence

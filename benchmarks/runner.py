@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import platform
 import sys
 import time
@@ -115,7 +116,8 @@ def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, repeats: int 
                 log("\n== generation: not available (benchmarks/generation.py with run(quick) not found)")
                 results["generation"] = {"not_available": True}
                 continue
-            result = module.run(quick)
+            accepts_repeats = "repeats" in inspect.signature(module.run).parameters
+            result = module.run(quick, repeats=repeats) if accepts_repeats and repeats else module.run(quick)
             results["generation"] = result
             log(f"\n== generation\n{_generation_table(module, result)}")
             continue
