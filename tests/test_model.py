@@ -104,3 +104,22 @@ def test_inference_head_writes_aligned_rows_with_the_same_logits():
     torch.testing.assert_close(logits, plain, rtol=0, atol=1e-6)
     torch.testing.assert_close(logits, trained.detach(), rtol=0, atol=1e-6)
     torch.testing.assert_close(last, plain[:, -1:], rtol=0, atol=1e-6)
+
+
+def test_tied_build_draws_the_same_weights_as_before():
+    # Same seed: the tied model's shared weight is what the untied model draws for its head (both redraw in the
+    # same module order), and every other tensor is equal -- so building the tied head without a weight of its own
+    # must consume the RNG exactly as that weight's init did.
+    config = GPTConfig(vocab_size=3001, context_length=8, emb_dim=40, n_heads=4, n_layers=2, qkv_bias=True)
+    torch.manual_seed(7)
+    tied = GPTModel(config.replace(tie_weights=True))
+    rng_after_tied = torch.get_rng_state()
+    torch.manual_seed(7)
+    untied = GPTModel(config)
+    assert torch.equal(rng_after_tied, torch.get_rng_state())
+    assert tied.out_head.weight is tied.tok_emb.weight
+    assert torch.equal(tied.tok_emb.weight, untied.out_head.weight)
+    untied_sd = untied.state_dict()
+    for name, tensor in tied.state_dict().items():
+        if name != "tok_emb.weight":
+            assert torch.equal(tensor, untied_sd[name]), name

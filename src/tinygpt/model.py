@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 
+def _skip_init_draws(numel: int, chunk: int = 1 << 20) -> None:
+    """Advance torch's CPU RNG exactly as ``uniform_`` (nn.Linear's init) on ``numel`` values would, in small chunks."""
+    for start in range(0, numel, chunk):
+        torch.empty(min(chunk, numel - start)).uniform_()
+
+
 class GPTModel(nn.Module):
     """A decoder-only transformer of the GPT-2 family.
 
@@ -47,7 +53,14 @@ class GPTModel(nn.Module):
         self.drop_emb = nn.Dropout(config.emb_dropout)
         self.trf_blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.final_norm = make_norm(config)
-        self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+        if config.tie_weights and torch.get_default_device().type == "cpu":
+            # The head *is* the embedding: build it without a [V, D] weight of its own, which would exist only to be
+            # dropped (150 MB for gpt2-small, the build's peak memory), but draw the RNG as its init would, so that
+            # a seed gives exactly the weights it gave before (reset_parameters redraws everything afterwards).
+            self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False, device="meta")
+            _skip_init_draws(config.vocab_size * config.emb_dim)
+        else:
+            self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.out_head.weight = self.tok_emb.weight
         self.reset_parameters()
