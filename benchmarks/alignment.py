@@ -35,10 +35,10 @@ from tinygpt.alignment.reward import RewardModel, RewardStage
 from tinygpt.alignment.sft import SFTStage
 from tinygpt.training.optim import build_optimizer
 
-from .common import format_table, pin_threads, spread, time_interleaved, write_json_atomic
+from .common import format_table, pin_threads, shared_data_dir, spread, time_interleaved, write_json_atomic
 from .models import gpt2_small
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = shared_data_dir()
 
 
 def _model_and_tokenizer(quick: bool, model_dir: str | None, data_dir: Path):

@@ -18,6 +18,17 @@ from typing import Any, Callable
 import torch
 
 
+def shared_data_dir() -> Path:
+    """The folder of public data files tests and benchmarks read: ``$TINYGPT_SHARED_DATA``, else ``shared/data``
+    beside the checkout (``../shared/data``) or above it, else this workplace's ``/work/shared/data``. The product
+    itself never reads it."""
+    if os.environ.get("TINYGPT_SHARED_DATA"):
+        return Path(os.environ["TINYGPT_SHARED_DATA"])
+    checkout = Path(__file__).resolve().parents[1]
+    candidates = [parent / "shared" / "data" for parent in checkout.parents] + [Path("/work/shared/data")]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
 def machine_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count``)."""
     if hasattr(os, "sched_getaffinity"):

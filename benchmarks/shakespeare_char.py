@@ -24,7 +24,9 @@ import torch
 from tinygpt import GPTConfig
 from tinygpt.training import TrainingOptions, train
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from .common import shared_data_dir
+
+DEFAULT_DATA = shared_data_dir() / "tinyshakespeare.txt"
 REFERENCE_VAL_LOSS = 1.88  # nanoGPT README, same setting on CPU
 
 

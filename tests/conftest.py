@@ -10,7 +10,9 @@ import torch
 
 from tinygpt import GPTConfig, get_config
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from benchmarks.common import shared_data_dir
+
+SHARED_DATA = shared_data_dir()
 GPT2_VOCAB_DIR = SHARED_DATA / "gpt2"
 
 

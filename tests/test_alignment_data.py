@@ -35,6 +35,8 @@ def test_loads_json_and_jsonl_alike(tmp_path):
 
 
 def test_shared_files_load():
+    if not PREFERENCE_DATA.exists():
+        pytest.skip(f"instruction data not found in {PREFERENCE_DATA.parent}")
     assert len(load_instruction_data(INSTRUCTION_DATA, limit=30)) == 30
     pairs = load_preference_data(PREFERENCE_DATA, limit=30)
     assert all(p.chosen != p.rejected for p in pairs)
