@@ -21,7 +21,7 @@ class TrainingOptions:
     tokenizer: str = "char"
     config: str | GPTConfig | None = None
     out_dir: str = "runs/tinygpt"
-    max_steps: int = 1500
+    max_steps: int = 2000
     stop_after: int | None = None
     batch_size: int = 16
     grad_accum: int = 1
