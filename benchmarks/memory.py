@@ -1,4 +1,4 @@
-"""Peak memory (RSS, ``ru_maxrss``): import, build gpt2-small, build + forward 1x1024, each in a fresh process.
+"""Peak memory (RSS: ``VmHWM`` on Linux, else ``ru_maxrss``): import, build gpt2-small, build + forward 1x1024, each in a fresh process.
 
 A fresh process per measurement because the peak is a high-water mark that never goes down. ``import`` alone is
 recorded too, so the cost of the library imports can be told apart from the model's own.
@@ -25,7 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]  # the directory holding the benchmar
 
 
 def _peak_mib() -> float:
-    # Linux reports ru_maxrss in KiB, macOS in bytes.
+    # Linux: VmHWM is the peak of this process image alone. ru_maxrss would do, except that Linux carries it across
+    # fork + exec, so a child of a large parent (the suite after its forward case) would report the parent's peak.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    # Elsewhere ru_maxrss: KiB on Linux, bytes on macOS.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1024**2 if sys.platform == "darwin" else peak / 1024
 
