@@ -1,0 +1,61 @@
+"""The seeds' experiments: `experiment NAME`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import Parser
+
+
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="the seeds' experiments: print a table, write a PNG and a JSON")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", metavar="DIR", help="output directory (default: runs/experiments/NAME)")
+    common.add_argument("--seed", type=int, default=123, help="random seed (default: 123)")
+    names = p.add_subparsers(dest="experiment", required=True, metavar="NAME", parser_class=Parser)
+    names.add_parser("residual", parents=[common], help="gradients of the 5-layer example with/without shortcuts")
+    pp = names.add_parser("prepost", parents=[common], help="pre-LN vs post-LN: outputs, gradients, training")
+    pp.add_argument("--config", help="preset or config .json for the trained 12-layer models (vocab_size replaced "
+                                     "by the character count; default C=64 D=64 H=4 L=12)")
+    pp.add_argument("--data", metavar="FILE", help="UTF-8 training text (default: the embedded corpus)")
+    pp.add_argument("--max-chars", type=int, default=400_000, help="characters of text used (default: 400000)")
+    pp.add_argument("--steps", type=int, default=300, help="training steps per model; 0 skips training (default: 300)")
+    pp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
+    pp.add_argument("--seq-len", type=int, default=64, help="characters per sequence (default: 64)")
+    pp.add_argument("--lr", type=float, default=3e-4, help="constant AdamW learning rate (default: 3e-4)")
+    names.add_parser("activations", parents=[common], help="GELU (exact, tanh) vs ReLU vs SiLU and derivatives")
+    names.add_parser("layernorm", parents=[common], help="the x=[1,3] variance example and LayerNorm statistics")
+    at = names.add_parser("attention", parents=[common], help="attention heatmaps of every head of one layer")
+    source = at.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="DIR", help="a saved tinygpt checkpoint")
+    source.add_argument("--config", help="preset or config .json for a random model (default: gpt2-small); "
+                                         "token ids = UTF-8 bytes mod vocab_size")
+    at.add_argument("--prompt", default="Every effort moves you forward", help="the text to attend over")
+    at.add_argument("--layer", type=int, default=0, help="block index (default: 0)")
+    an = names.add_parser("anatomy", parents=[common], help="parameters and training memory by part, per preset")
+    an.add_argument("--config", action="append", metavar="NAME|FILE",
+                    help="a preset or config .json (repeatable; default: every preset)")
+    p.set_defaults(run=_run_experiment)
+
+
+def _run_experiment(args: argparse.Namespace) -> int:
+    from .. import experiments
+
+    common = dict(out=args.out, seed=args.seed)
+    name = args.experiment
+    if name == "prepost":
+        report = experiments.run_prepost(
+            **common, config=args.config, data=args.data, max_chars=args.max_chars, steps=args.steps,
+            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+            progress=lambda line: print(line, file=sys.stderr, flush=True))
+    elif name == "attention":
+        config = None if args.model is not None else (args.config or "gpt2-small")
+        report = experiments.run_attention(**common, model_dir=args.model, config=config, prompt=args.prompt,
+                                           layer=args.layer)
+    elif name == "anatomy":
+        report = experiments.run_anatomy(**common, configs=args.config)
+    else:
+        report = experiments.EXPERIMENTS[name](**common)
+    print(report.text)
+    return 0

@@ -1,0 +1,180 @@
+"""Commands about one model: `params`, `verify`, `generate`, `convert`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..config import PRESETS, GPTConfig
+from ..params import count_parameters
+from .common import CommandError, config_from_args
+
+
+def _add_params(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("params", help="count parameters from the formula N = 2VD + CD + L(12D^2 + 10D) + 2D")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--config", default="gpt2-small",
+                        help=f"a preset ({', '.join(PRESETS)}) or a config .json file (default: gpt2-small)")
+    source.add_argument("--model", metavar="DIR", help="a saved tinygpt checkpoint: its config, and the tensors stored")
+    p.add_argument("--qkv-bias", action="store_true", help="count a bias on the fused QKV projection (+3D per layer)")
+    p.add_argument("--tie-weights", action="store_true", help="share the head with the token embedding (-VD)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=_run_params)
+
+
+def _run_params(args: argparse.Namespace) -> int:
+    stored = None
+    if args.model is not None:
+        if args.qkv_bias or args.tie_weights:
+            raise CommandError("--qkv-bias and --tie-weights change a config; a saved model already has its own")
+        from ..checkpoint import count_stored_parameters, load_config
+
+        config, stored, label = load_config(args.model), count_stored_parameters(args.model), args.model
+    else:
+        config, label = config_from_args(args.config), args.config
+    overrides = {}
+    if args.qkv_bias:
+        overrides["qkv_bias"] = True
+    if args.tie_weights:
+        overrides["tie_weights"] = True
+    config = config.replace(**overrides)
+    counts = count_parameters(config)
+    if args.json:
+        extra = {} if stored is None else {"stored_parameters": stored}
+        print(json.dumps({"config": config.to_dict(), "parameters": counts.to_dict(), **extra}, indent=2))
+        return 0
+    rows = [
+        ("token embedding (V*D)", counts.token_embedding),
+        ("position embedding (C*D, 0 with RoPE)", counts.position_embedding),
+        (f"attention ({config.n_layers} x {counts.attention_per_block:,})", counts.attention),
+        (f"feed-forward ({config.n_layers} x {counts.feed_forward_per_block:,})", counts.feed_forward),
+        (f"{config.norm} ({config.n_layers} x {counts.norms_per_block:,} + {counts.final_norm:,})", counts.norms),
+        ("output head (V*D, 0 when tied)", counts.head),
+        ("total", counts.total),
+    ]
+    if stored is not None:
+        rows.append(("stored in model.safetensors", stored))
+    print(f"{label}: V={config.vocab_size} C={config.context_length} D={config.emb_dim} "
+          f"H={config.n_heads} L={config.n_layers} qkv_bias={config.qkv_bias} tie_weights={config.tie_weights}")
+    defaults = GPTConfig()
+    variant = [f"{name}={getattr(config, name)}" for name in ("norm", "ffn", "bias", "pos_emb", "n_kv_heads")
+               if getattr(config, name) != getattr(defaults, name)]
+    if variant:
+        print(f"  variant: {' '.join(variant)}")
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value:>15,}")
+    return 0
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="prove the math: copy weights into a reference implementation, compare logits")
+    p.add_argument("reference", choices=["upstream", "hf"],
+                   help="upstream = llms_from_scratch ch04 (the seeds'), hf = Hugging Face transformers")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from ..verify import CHECKS, MissingReferenceError
+
+    try:
+        results = CHECKS[args.reference]()
+    except MissingReferenceError as err:
+        raise CommandError(str(err)) from None
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        for r in results:
+            tokens = "" if r.tokens_match is None else f"  greedy tokens {'identical' if r.tokens_match else 'DIFFER'}"
+            status = "ok  " if r.passed else "FAIL"
+            print(f"{status} {r.dtype:<8} max|diff| {r.max_abs_diff:.3e} <= {r.tolerance:.0e}{tokens}  {r.name}")
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a saved model (greedy unless --temperature > 0)")
+    p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
+                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the text to continue; - reads it from stdin")
+    source.add_argument("--prompt-file", metavar="PATH", help="read the text to continue from a UTF-8 file")
+    p.add_argument("--max-new-tokens", type=int, default=50, metavar="N", help="tokens to add (default: 50)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy (default); > 0 samples from softmax(logits / T)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample among the most likely tokens whose probability sums to P (default 1 = all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="> 1 discourages tokens already in the text (default 1 = none)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling: the same seed gives the same text")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop before this text (repeatable); generation also stops at the end-of-text token")
+    p.add_argument("--no-cache", dest="use_cache", action="store_false",
+                   help="recompute the whole window at every step (same text, much slower)")
+    p.add_argument("--overflow", choices=["slide", "shift", "error"], default="slide",
+                   help="beyond the context: slide = last C tokens each step, exact but slow (default); "
+                        "shift = keep the last C/2 and continue cached, fast approximation; error = refuse")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="print the text as it is generated (default) or all at the end")
+    p.add_argument("--tokenizer-dir", metavar="DIR",
+                   help="a saved tokenizer, or a folder with GPT-2's encoder.json + vocab.bpe (or vocab.json + "
+                        "merges.txt); default: the model's own, else $TINYGPT_GPT2_VOCAB, else tiktoken's cache")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from ..generation import GenerationConfig
+    from ..interop.pretrained import load_pretrained
+    from ..text_stream import stream_text
+
+    if args.max_new_tokens < 0:
+        raise CommandError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
+    if args.prompt_file is not None:
+        try:
+            prompt = open(args.prompt_file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise CommandError(f"cannot read --prompt-file {args.prompt_file}: {err}") from None
+    else:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if any(not text for text in args.stop):
+        raise CommandError("--stop needs a non-empty text")
+    settings = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, overflow=args.overflow,
+        use_cache=args.use_cache,
+    )  # checked before the model is loaded
+    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir)
+    if tokenizer is None:
+        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+    if not tokenizer.encode(prompt):
+        raise CommandError("the prompt is empty: give at least one character of text to continue")
+    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=args.stop)
+    if not args.stream:
+        print(prompt + "".join(pieces))
+        return 0
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="Hugging Face GPT-2 folder <-> tinygpt checkpoint")
+    direction = p.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--from-hf", metavar="DIR|HUBNAME", help="import a Hugging Face GPT-2 folder or hub name")
+    direction.add_argument("--to-hf", metavar="DIR", help="export a tinygpt checkpoint for transformers")
+    p.add_argument("--out", required=True, metavar="DIR", help="the directory to write (replaced atomically)")
+    p.set_defaults(run=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from ..interop.pretrained import convert_from_hf, convert_to_hf
+
+    files = convert_from_hf(args.from_hf, args.out) if args.from_hf else convert_to_hf(args.to_hf, args.out)
+    print(f"wrote {args.out}: {', '.join(files)}")
+    return 0
