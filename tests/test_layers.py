@@ -144,3 +144,45 @@ def test_layernorm_forward_is_the_written_out_formula(bias):
     grads_formula = torch.autograd.grad(formula.square().sum(), [x, ln.scale])
     for g, h in zip(grads, grads_formula):
         torch.testing.assert_close(g, h, rtol=0, atol=1e-10)
+
+
+@pytest.fixture(params=[2, 3], ids=["2threads", "3threads"])
+def threads(request):
+    """The split of ``linear`` follows torch's thread count: 3 also leaves a remainder row block for odd widths."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("out_features", [48, 97])  # even, and odd (the remainder path, like V = 50257)
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 8)])  # rows 1, 6, 32 = FEW_ROWS
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_split_product_equals_f_linear(threads, out_features, shape, with_bias):
+    from tinygpt.layers import FEW_ROWS, linear
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape, 40)
+    weight = torch.randn(out_features, 40)
+    bias = torch.randn(out_features) if with_bias else None
+    with torch.no_grad():
+        got = linear(x, weight, bias)
+    assert shape[0] * shape[1] <= FEW_ROWS
+    assert got.shape == (*shape, out_features) and got.is_contiguous()
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
+
+
+def test_linear_split_product_is_really_taken(threads, monkeypatch):
+    # The fast path must be the one that runs for a decoding step (and not for autograd or many rows).
+    from tinygpt import layers
+
+    calls = []
+    monkeypatch.setattr(layers.torch, "baddbmm", lambda *a, **k: calls.append(1) or torch.Tensor.baddbmm(*a, **k))
+    module = layers.Linear(16, 30)
+    with torch.no_grad():
+        module(torch.randn(1, 1, 16))
+        assert len(calls) == 1
+        module(torch.randn(1, layers.FEW_ROWS + 1, 16))
+        assert len(calls) == 1
+    module(torch.randn(1, 1, 16)).sum().backward()  # autograd: the plain F.linear, gradients as usual
+    assert len(calls) == 1 and module.weight.grad is not None

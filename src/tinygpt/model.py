@@ -16,7 +16,8 @@ from torch import nn
 
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import LayerNorm, RMSNorm, TransformerBlock, make_norm
+from .head_loss import head_cross_entropy
+from .layers import FEW_ROWS, LayerNorm, RMSNorm, TransformerBlock, linear, make_norm
 from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -146,22 +147,37 @@ class GPTModel(nn.Module):
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         last_only: bool = False,
+        targets: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids [B, T] -> logits [B, T, V] (or [B, 1, V] with ``last_only``).
+        """Token ids [B, T] -> logits [B, T, V] (or [B, 1, V] with ``last_only``), or with ``targets`` the loss.
 
         Without the keyword arguments this is the plain full-sequence forward. For cached decoding,
         ``cache`` holds the keys/values of positions < ``start_pos`` and receives this call's; ``positions``
         [B, T] overrides the position ids per row (left-padded batches); ``key_mask`` [B, start_pos + T] marks
         real (True) vs padding (False) key positions. ``last_only`` applies the head to the last position only,
         which is all that generation needs.
+
+        ``targets`` [B, T] (the next token of each position; -100 = ignore) returns the scalar mean cross-entropy
+        instead, computed by ``head_loss.head_cross_entropy`` without materialising the [B, T, V] logits (equal to
+        ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``, with less memory and time).
         """
+        if targets is not None and last_only:
+            raise ValueError("targets and last_only=True exclude each other: the loss needs every position's logits")
         h = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor):
+                raise TypeError(f"targets must be a torch.Tensor of token ids, got {type(targets).__name__}")
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets must have the shape of idx {list(idx.shape)}, got {list(targets.shape)}")
+            return head_cross_entropy(h, self.out_head.weight, targets)
         if last_only:
             h = h[:, -1:, :]  # [B, 1, D]
         return self.head_logits(h)  # [B, T, V]
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output head, hidden states [B, T, D] -> logits [B, T, V] (``out_head``, bias-free).
+
+        A decoding step's few rows go through ``layers.linear`` (the head is 30% of gpt2-small's weights).
 
         Without autograd on a CPU, the product is written into a buffer whose rows are padded to a multiple of 64
         floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output row starts
@@ -170,6 +186,8 @@ class GPTModel(nn.Module):
         untouched. The view is not contiguous (row stride > V); with autograd this is the plain linear.
         """
         weight = self.out_head.weight  # [V, D]
+        if h.numel() <= FEW_ROWS * h.shape[-1]:  # a decoding step: one block of the head per thread (``linear``)
+            return linear(h, weight)
         v = weight.shape[0]
         row = -(-v // 64) * 64
         if (torch.is_grad_enabled() or row == v or h.device.type != "cpu" or h.dtype != weight.dtype

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checkpoint import load_config, load_model
@@ -203,9 +202,9 @@ class _Run:
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The model's own loss: cross-entropy fused with the head, no [B, C, V] logits (``tinygpt.head_loss``).
         with _autocast(self.ctx.device, self.o.dtype):
-            logits = self.forward(x)  # [B, C, V]
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            return self.forward(x, targets=y)
 
     def train_step(self) -> tuple[float, float, float]:
         """One optimizer step; returns (mean loss over the global batch, gradient norm, lr)."""
