@@ -2,10 +2,16 @@
 
     python -m benchmarks.ab layernorm [--shapes 1x128,1x1024] [--repeats 7]
     python -m benchmarks.ab head [--shapes 1x128,1x1024,8x256]
+    python -m benchmarks.ab linear [--repeats 7]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
 forward, full logits, float32, inference mode, against the current code (B), interleaved A B A B after a warm-up,
 with the logits compared so that the edit is also shown to preserve the result.
+
+``linear`` is about decoding, not the full forward: A multiplies one row by every weight of gpt2-small (the 48 block
+linears and the head) with ``F.linear``, B with ``tinygpt.layers.linear`` (one block of the weight per thread); then
+a cached greedy decode (16-token prompt, 64 new tokens) runs with the model's linears swapped to ``F.linear`` (A)
+and as it is (B), the tokens compared.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from tinygpt import generate, layers
 from tinygpt.layers import LayerNorm, layer_norm_formula
 
 from .common import format_table, pin_threads, spread, time_interleaved
@@ -49,6 +56,60 @@ def _plain_head(model: torch.nn.Module) -> Callable[[], contextlib.AbstractConte
     return swap
 
 
+@contextlib.contextmanager
+def _plain_linear() -> Iterator[None]:
+    """A: every product of the model through ``F.linear`` (the code before the edit)."""
+    fast = layers.linear
+    layers.linear = F.linear
+    model_module = sys.modules["tinygpt.model"]
+    model_module.linear = F.linear
+    try:
+        yield
+    finally:
+        layers.linear = model_module.linear = fast
+
+
+def run_linear(repeats: int) -> dict[str, Any]:
+    """One-row products over all of gpt2-small's weights, then a cached greedy decode, A (F.linear) vs B."""
+    model = build_tinygpt(gpt2_small())
+    weights = [(m.weight, m.bias) for m in model.trf_blocks.modules() if isinstance(m, torch.nn.Linear)]
+    weights.append((model.out_head.weight, None))
+    rows_in = [torch.randn(1, w.shape[1]) for w, _ in weights]
+    rows = []
+    with torch.inference_mode():
+        diff = max((F.linear(x, w, b) - layers.linear(x, w, b)).abs().max().item()
+                   for x, (w, b) in zip(rows_in, weights))
+        products = time_interleaved(
+            {"A (F.linear)": lambda: [F.linear(x, w, b) for x, (w, b) in zip(rows_in, weights)],
+             "B (layers.linear)": lambda: [layers.linear(x, w, b) for x, (w, b) in zip(rows_in, weights)]},
+            warmup=2, repeats=repeats * 3)
+    megabytes = sum(w.numel() * w.element_size() for w, _ in weights) / 1e6
+    for name, st in products.items():
+        rows.append({"case": f"1-row products, {len(weights)} weights, {megabytes:.0f} MB", "variant": name, **st,
+                     "time_ms": spread(st), "speedup": products["A (F.linear)"]["median_s"] / st["median_s"],
+                     "rate": f"{megabytes / 1e3 / st['median_s']:.1f} GB/s", "max_abs_diff": diff})
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(5))
+    new = 64
+    outputs: dict[str, torch.Tensor] = {}
+
+    def decode(name: str, swap: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], None]:
+        def call() -> None:
+            with swap():
+                outputs[name] = generate(model, prompt, max_new_tokens=new).tokens
+
+        return call
+
+    decodes = time_interleaved({"A (F.linear)": decode("A", _plain_linear),
+                                "B (layers.linear)": decode("B", contextlib.nullcontext)},
+                               warmup=1, repeats=max(2, repeats // 2))
+    same = bool(torch.equal(outputs["A"], outputs["B"]))
+    for name, st in decodes.items():
+        rows.append({"case": f"cached greedy decode 1x16+{new}", "variant": name, **st, "time_ms": spread(st),
+                     "speedup": decodes["A (F.linear)"]["median_s"] / st["median_s"],
+                     "rate": f"{new / st['median_s']:.1f} tok/s", "max_abs_diff": "tokens equal" if same else "DIFFER"})
+    return {"experiment": "linear", "repeats": repeats, "rows": rows}
+
+
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
@@ -72,7 +133,7 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=["layernorm", "head"])
+    parser.add_argument("experiment", choices=["layernorm", "head", "linear"])
     parser.add_argument("--shapes", default="1x128,1x1024,8x256", help="comma-separated BxT (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
@@ -83,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--shapes must look like 1x128,8x256, got {args.shapes!r}")
     pin_threads()
+    if args.experiment == "linear":
+        result = run_linear(args.repeats)
+        print(format_table(result["rows"], [("case", "case"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
+                                            ("rate", "rate"), ("speedup", "speedup vs A"),
+                                            ("max_abs_diff", "max |diff| A-B")]))
+        return 0
     result = run(args.experiment, shapes, args.repeats)
     print(format_table(result["rows"], [("shape", "B x T"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
                                         ("speedup", "speedup vs A"), ("max_abs_logit_diff", "max |dlogit| A-B")]))

@@ -71,9 +71,27 @@ def test_sampling_with_a_seed_repeats(char_model, capsys):
     (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"),
     (["--stop", ""], "--stop"), (["--prompt-file", "/nonexistent/p.txt"], "--prompt-file"),
     (["--overflow", "error", "--max-new-tokens", "40"], "new tokens fit"),
+    (["--overflow", "shift", "--shift-keep", "0"], "shift_keep"),
+    (["--shift-keep", "4"], "--overflow shift only"),
+    (["--overflow", "shift", "--shift-keep", "16", "--max-new-tokens", "20"], "shift_keep=16"),
 ])
 def test_bad_options_are_one_line_errors(char_model, capsys, args, fragment):
     path, _, _ = char_model
     source = [] if "--prompt-file" in args else ["--prompt", "the fox"]
     code, _, err = _run(capsys, "--model", path, *source, *args)
     assert code == 2 and err.count("\n") == 1 and fragment in err, err
+
+
+def test_shift_keep_chooses_how_much_the_shift_policy_keeps(char_model, capsys):
+    from tinygpt import generate
+
+    path, model, tokenizer = char_model
+    prompt = torch.tensor([tokenizer.encode("the fox")])
+    outputs = {}
+    for keep in (4, 12):
+        expected = generate(model, prompt, max_new_tokens=30, overflow="shift", shift_keep=keep).tokens[0].tolist()
+        code, out, _ = _run(capsys, "--model", path, "--prompt", "the fox", "--max-new-tokens", "30",
+                            "--overflow", "shift", "--shift-keep", str(keep))
+        assert code == 0 and out == "the fox" + tokenizer.decode(expected) + "\n"
+        outputs[keep] = out
+    assert outputs[4] != outputs[12]  # the flag really reaches the policy

@@ -116,6 +116,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overflow", choices=["slide", "shift", "error"], default="slide",
                    help="beyond the context: slide = last C tokens each step, exact but slow (default); "
                         "shift = keep the last C/2 and continue cached, fast approximation; error = refuse")
+    p.add_argument("--shift-keep", type=int, default=None, metavar="N",
+                   help="with --overflow shift: how many of the latest tokens to keep (1 .. C-1; default C/2)")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print the text as it is generated (default) or all at the end")
     p.add_argument("--tokenizer-dir", metavar="DIR",
@@ -138,12 +140,14 @@ def _run_generate(args: argparse.Namespace) -> int:
             raise CommandError(f"cannot read --prompt-file {args.prompt_file}: {err}") from None
     else:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.shift_keep is not None and args.overflow != "shift":
+        raise CommandError(f"--shift-keep applies to --overflow shift only (got --overflow {args.overflow})")
     if any(not text for text in args.stop):
         raise CommandError("--stop needs a non-empty text")
     settings = GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, seed=args.seed, overflow=args.overflow,
-        use_cache=args.use_cache,
+        shift_keep=args.shift_keep, use_cache=args.use_cache,
     )  # checked before the model is loaded
     model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir)
     if tokenizer is None:
