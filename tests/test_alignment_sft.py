@@ -39,6 +39,23 @@ def test_masked_positions_get_exactly_zero_gradient(alignment_tokenizer, alignme
     assert torch.allclose(loss, per_token[~masked.flatten()].mean(), rtol=1e-6)
 
 
+def test_the_stage_loss_is_response_loss_with_its_gradients(alignment_tokenizer, alignment_config):
+    # SFTStage takes the head-fused loss (no logits); it must be response_loss over the logits, gradients included.
+    stage = _stage(alignment_tokenizer, alignment_config, n=4)
+    examples = load_instruction_data(INSTRUCTION_DATA, limit=4)
+    items = encode_instructions(alignment_tokenizer, examples, alignment_config.context_length)
+    fused, _ = stage.loss(items)
+    fused.backward()
+    fused_grads = {n: p.grad.clone() for n, p in stage.policy.named_parameters()}
+    stage.policy.zero_grad()
+    inputs, targets = collate_targets(items, stage.pad_id)
+    plain = response_loss(stage.policy(inputs), targets)
+    plain.backward()
+    torch.testing.assert_close(fused, plain)
+    for name, p in stage.policy.named_parameters():
+        torch.testing.assert_close(fused_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def _stage(tokenizer, config, n=32, seed=1):
     torch.manual_seed(0)
     examples = load_instruction_data(INSTRUCTION_DATA, limit=n)

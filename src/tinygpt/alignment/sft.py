@@ -49,7 +49,8 @@ class SFTStage(SupervisedStage):
     def loss(self, items: Sequence[EncodedExample]) -> tuple[torch.Tensor, dict[str, float]]:
         device = next(self.policy.parameters()).device
         inputs, targets = (t.to(device) for t in collate_targets(items, self.pad_id))
-        loss = response_loss(self.policy(inputs), targets)
+        # = response_loss(self.policy(inputs), targets), through the head-fused loss: no [B, T, V] logits
+        loss = self.policy(inputs, targets=targets)
         return loss, {"loss": float(loss.detach())}
 
 
