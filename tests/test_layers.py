@@ -172,6 +172,18 @@ def test_linear_split_product_equals_f_linear(threads, out_features, shape, with
     torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
 
 
+def test_linear_takes_any_weight_layout(threads):
+    # A weight that is a transposed view (as one might assign from an [in, out] checkpoint) cannot be cut into row
+    # blocks without a copy: the plain product runs instead, with the same result.
+    from tinygpt.layers import linear
+
+    torch.manual_seed(0)
+    x, weight_t, bias = torch.randn(1, 24), torch.randn(24, 50), torch.randn(100)[::2]
+    with torch.no_grad():
+        got = linear(x, weight_t.t(), bias)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight_t.t(), bias))
+
+
 def test_linear_split_product_is_really_taken(threads, monkeypatch):
     # The fast path must be the one that runs for a decoding step (and not for autograd or many rows).
     from tinygpt import layers
