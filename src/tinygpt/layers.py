@@ -32,14 +32,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows, in one batched product (``bmm`` runs one block per thread, each streaming its own part of the weight).
     On the 2-core reference machine that made gpt2-small's one-row products 1.7x faster
     (``python -m benchmarks.ab linear``). The values are the same dot products, up to float32 summation order.
-    Everything else (autograd, other devices and dtypes, many rows, non-contiguous weights) is plain ``F.linear``.
+    Everything else (autograd, other devices and dtypes, many rows) is plain ``F.linear``.
     """
     parts = torch.get_num_threads()
     out_features, in_features = weight.shape
     rows = x.numel() // in_features if in_features else 0
     if (parts < 2 or rows > FEW_ROWS or out_features < parts or x.device.type != "cpu"
             or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or not weight.is_contiguous() or (bias is not None and not bias.is_contiguous())
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
     block = out_features // parts
