@@ -88,8 +88,10 @@ def test_model_forward_with_targets_is_the_loss_over_its_logits(tie):
         torch.testing.assert_close(fused_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
     with pytest.raises(ValueError, match="last_only"):
         model(idx, targets=targets, last_only=True)
-    with pytest.raises(ValueError, match="shape of idx"):
+    with pytest.raises(ValueError, match=r"targets must have shape \[3, 12\]"):
         model(idx, targets=targets[:, :5])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        model(idx, targets=targets.tolist())
 
 
 def test_under_autocast_it_is_the_plain_expression():
@@ -100,3 +102,13 @@ def test_under_autocast_it_is_the_plain_expression():
         plain = F.cross_entropy(F.linear(h, weight).float(), targets)
     assert fused.dtype == torch.float32
     torch.testing.assert_close(fused, plain)
+
+
+def test_under_torch_compile_it_is_the_plain_expression():
+    # Traced by dynamo (the "eager" backend: no C++ compiler needed), the loss is the plain logits expression.
+    torch.manual_seed(0)
+    h, weight, targets = torch.randn(2, 3, 8), torch.randn(17, 8), torch.randint(0, 17, (2, 3))
+    targets[0, 0] = -100
+    compiled = torch.compile(head_cross_entropy, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(h, weight, targets),
+                               F.cross_entropy((h @ weight.t()).flatten(0, 1), targets.flatten()))

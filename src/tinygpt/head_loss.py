@@ -34,8 +34,10 @@ def head_cross_entropy(
     to ``F.cross_entropy(h @ weight.T, targets, ignore_index=ignore_index)`` (NaN when every target is ignored, as
     there), differentiable in h and weight. Under autocast or ``torch.compile`` it is that plain expression.
     """
-    if torch.compiler.is_compiling():  # leave the whole expression to the compiler (and skip the host-side checks)
+    if torch.compiler.is_compiling():  # the whole expression to the compiler, without the host-side checks
         return F.cross_entropy(F.linear(h, weight).flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index)
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"targets must be a torch.Tensor of token ids, got {type(targets).__name__}")
     if targets.shape != h.shape[:-1]:
         raise ValueError(f"targets must have shape {list(h.shape[:-1])} (one per position), got {list(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:

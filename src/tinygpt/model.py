@@ -165,11 +165,7 @@ class GPTModel(nn.Module):
             raise ValueError("targets and last_only=True exclude each other: the loss needs every position's logits")
         h = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
         if targets is not None:
-            if not isinstance(targets, torch.Tensor):
-                raise TypeError(f"targets must be a torch.Tensor of token ids, got {type(targets).__name__}")
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets must have the shape of idx {list(idx.shape)}, got {list(targets.shape)}")
-            return head_cross_entropy(h, self.out_head.weight, targets)
+            return head_cross_entropy(h, self.out_head.weight, targets)  # checks targets: type, shape, id range
         if last_only:
             h = h[:, -1:, :]  # [B, 1, D]
         return self.head_logits(h)  # [B, T, V]
