@@ -90,15 +90,15 @@ def test_backward_reaches_every_parameter(tiny_config):
 
 def test_inference_head_writes_aligned_rows_with_the_same_logits():
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=321, context_length=16, emb_dim=32, n_heads=4, n_layers=2)
+    config = GPTConfig(vocab_size=321, context_length=48, emb_dim=32, n_heads=4, n_layers=2)
     model = GPTModel(config).eval()
-    idx = torch.randint(0, 321, (3, 12))  # 36 rows: more than a decoding step's FEW_ROWS
+    idx = torch.randint(0, 321, (3, 48))  # 144 rows: more than FEW_ROWS, so the padded-row head
     trained = model(idx)  # autograd on: the plain linear, contiguous [B, T, V]
     with torch.inference_mode():
         logits = model(idx)
         last = model(idx, last_only=True)
         plain = torch.nn.functional.linear(model.hidden_states(idx), model.out_head.weight)
-    assert logits.shape == (3, 12, 321) and last.shape == (3, 1, 321)
+    assert logits.shape == (3, 48, 321) and last.shape == (3, 1, 321)
     assert logits.stride(1) % 64 == 0 and logits.stride(1) >= 321  # rows padded; only V columns visible
     assert trained.is_contiguous()
     torch.testing.assert_close(logits, plain, rtol=0, atol=1e-6)

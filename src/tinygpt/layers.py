@@ -19,8 +19,9 @@ from .kv_cache import KVCache
 from .rope import apply_rope
 
 
-# Up to this many rows (batch x tokens), a CPU product runs as one block of the weight per thread (``linear``).
-FEW_ROWS = 32
+# Up to this many rows (batch x tokens), a CPU product runs as one block of the weight per thread (``linear``):
+# measured faster up to 128 rows, not at 256 (``python -m benchmarks.ab fewrows``).
+FEW_ROWS = 128
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,7 +32,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     threads, an input of at most ``FEW_ROWS`` rows that needs no gradient multiplies the weight cut into n blocks of
     rows, in one batched product (``bmm`` runs one block per thread, each streaming its own part of the weight).
     On the 2-core reference machine that made gpt2-small's one-row products 1.7x faster
-    (``python -m benchmarks.ab linear``). The values are the same dot products, up to float32 summation order.
+    (``python -m benchmarks.ab linear``), and a 64- or 128-token forward 1.07-1.09x faster
+    (``python -m benchmarks.ab fewrows``). The values are the same dot products, up to float32 summation order.
     Everything else (autograd, other devices and dtypes, many rows) is plain ``F.linear``.
     """
     parts = torch.get_num_threads()

@@ -173,7 +173,8 @@ class GPTModel(nn.Module):
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output head, hidden states [B, T, D] -> logits [B, T, V] (``out_head``, bias-free).
 
-        A decoding step's few rows go through ``layers.linear`` (the head is 30% of gpt2-small's weights).
+        Up to ``FEW_ROWS`` rows (a decoding step, a short prompt) go through ``layers.linear`` (one block of the
+        head per thread; the head is 30% of gpt2-small's weights).
 
         Without autograd on a CPU, the product is written into a buffer whose rows are padded to a multiple of 64
         floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output row starts
@@ -182,7 +183,7 @@ class GPTModel(nn.Module):
         untouched. The view is not contiguous (row stride > V); with autograd this is the plain linear.
         """
         weight = self.out_head.weight  # [V, D]
-        if h.numel() <= FEW_ROWS * h.shape[-1]:  # a decoding step: one block of the head per thread (``linear``)
+        if h.numel() <= FEW_ROWS * h.shape[-1]:
             return linear(h, weight)
         v = weight.shape[0]
         row = -(-v // 64) * 64
