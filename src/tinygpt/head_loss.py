@@ -45,8 +45,9 @@ def head_cross_entropy(
     v = weight.shape[0]
     flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1).long()
     real = flat_t[flat_t != ignore_index]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= v):
-        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+    lo, hi = (int(real.min()), int(real.max())) if real.numel() else (0, 0)
+    if lo < 0 or hi >= v:
+        bad = lo if lo < 0 else hi
         raise ValueError(f"target id {bad} is out of range: targets must satisfy 0 <= id < vocab_size={v} "
                          f"(or equal ignore_index={ignore_index})")
     if torch.is_autocast_enabled(h.device.type) or h.dtype != weight.dtype:
