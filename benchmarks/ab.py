@@ -2,18 +2,18 @@
 
     python -m benchmarks.ab layernorm [--shapes 1x128,1x1024] [--repeats 7]
     python -m benchmarks.ab head [--shapes 1x128,1x1024,8x256]
+    python -m benchmarks.ab onednn [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab linear [--repeats 7]
-    python -m benchmarks.ab fewrows [--shapes 1x64,1x128,1x256]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
 forward, full logits, float32, inference mode, against the current code (B), interleaved A B A B after a warm-up,
 with the logits compared so that the edit is also shown to preserve the result.
 
-``fewrows`` times the forward with ``layers.linear``'s row-block products limited to 32 rows (A, the first limit) and
-at the current ``FEW_ROWS`` (B). ``linear`` is about decoding, not the full forward: A multiplies one row by every weight of gpt2-small (the 48 block
-linears and the head) with ``F.linear``, B with ``tinygpt.layers.linear`` (one block of the weight per thread); then
-a cached greedy decode (16-token prompt, 64 new tokens) runs with the model's linears swapped to ``F.linear`` (A)
-and as it is (B), the tokens compared.
+``onednn`` times the forward with every product on torch's BLAS (A: ``F.linear``, the head into 64-float-aligned
+rows) and on oneDNN (B: ``layers.linear``). ``linear`` is about decoding, not the full forward: A multiplies one row
+by every weight of gpt2-small (the 48 block linears and the head) with ``F.linear``, B with ``tinygpt.layers.linear``;
+then a cached greedy decode (16-token prompt, 64 new tokens) runs with oneDNN switched off (A) and on (B), the tokens
+compared.
 """
 
 from __future__ import annotations
@@ -60,27 +60,13 @@ def _plain_head(model: torch.nn.Module) -> Callable[[], contextlib.AbstractConte
 
 @contextlib.contextmanager
 def _plain_linear() -> Iterator[None]:
-    """A: every product of the model through ``F.linear`` (the code before the edit)."""
-    fast = layers.linear
-    layers.linear = F.linear
-    model_module = sys.modules["tinygpt.model"]
-    model_module.linear = F.linear
+    """A: every product of the model on torch's BLAS through ``F.linear`` (oneDNN switched off)."""
+    onednn = layers.ONEDNN_LINEAR
+    layers.ONEDNN_LINEAR = None
     try:
         yield
     finally:
-        layers.linear = model_module.linear = fast
-
-
-@contextlib.contextmanager
-def _few_rows_32() -> Iterator[None]:
-    """A: row-block products only up to 32 rows (the limit before the edit)."""
-    model_module = sys.modules["tinygpt.model"]
-    current = layers.FEW_ROWS
-    layers.FEW_ROWS = model_module.FEW_ROWS = 32
-    try:
-        yield
-    finally:
-        layers.FEW_ROWS = model_module.FEW_ROWS = current
+        layers.ONEDNN_LINEAR = onednn
 
 
 def run_linear(repeats: int) -> dict[str, Any]:
@@ -127,7 +113,7 @@ def run_linear(repeats: int) -> dict[str, Any]:
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
-    old = {"layernorm": _layernorm_formula, "fewrows": _few_rows_32}.get(experiment) or _plain_head(model)
+    old = {"layernorm": _layernorm_formula, "onednn": _plain_linear}.get(experiment) or _plain_head(model)
     rows = []
     for batch, tokens in shapes:
         idx = torch.randint(0, config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(5))
@@ -147,13 +133,10 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=["layernorm", "head", "linear", "fewrows"])
-    parser.add_argument("--shapes", help="comma-separated BxT (default: 1x64,1x128,1x256 for fewrows, else "
-                                         "1x128,1x1024,8x256)")
+    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear"])
+    parser.add_argument("--shapes", default="1x128,1x1024,8x256", help="comma-separated BxT (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    if args.shapes is None:
-        args.shapes = "1x64,1x128,1x256" if args.experiment == "fewrows" else "1x128,1x1024,8x256"
     try:
         shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
         if any(len(s) != 2 or min(s) < 1 for s in shapes):

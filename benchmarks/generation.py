@@ -146,7 +146,8 @@ def profile_decode(model: GPTModel, idx: torch.Tensor, n: int, top: int = 12) ->
         generate(model, idx, max_new_tokens=n)
     events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
     total = sum(t for _, t in events) or 1.0
-    groups = {"matmul (linear layers, head)": ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"),
+    groups = {"matmul (linear layers, head)": ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm",
+                                                    "mkldnn::_linear_pointwise"),
               "attention (sdpa)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
               "layer norm (and elementwise arithmetic)": ("aten::native_layer_norm", "aten::var", "aten::mean",
                                                            "aten::sub", "aten::div", "aten::sqrt", "aten::mul",

@@ -96,8 +96,9 @@ def run_suite(quick: bool = False, only: Sequence[str] = CASES, *, repeats: int 
         f"{' (quick mode: tiny sizes, figures mean nothing)' if quick else ''}")
     ceiling = matmul_ceiling(256 if quick else 2048, repeats=3 if quick else 9)
     results["ceiling"] = ceiling
+    kernels = ", ".join(f"{k} {g:.1f}" for k, g in ceiling["gflops_median_by_kernel"].items())
     log(f"\n== fp32 matmul ceiling ({ceiling['size']}^2 @ {ceiling['size']}^2): {ceiling['gflops_median']:.1f} GFLOP/s "
-        f"median, {ceiling['gflops_best']:.1f} best")
+        f"median, {ceiling['gflops_best']:.1f} best, the faster kernel ({kernels} GFLOP/s)")
     sections = {
         "forward": ("forward, full logits, float32, inference mode", forward,
                     lambda: forward.run(quick, ceiling["gflops_median"], repeats=repeats,

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -146,55 +147,75 @@ def test_layernorm_forward_is_the_written_out_formula(bias):
         torch.testing.assert_close(g, h, rtol=0, atol=1e-10)
 
 
-@pytest.fixture(params=[2, 3], ids=["2threads", "3threads"])
-def threads(request):
-    """The split of ``linear`` follows torch's thread count: 3 also leaves a remainder row block for odd widths."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize("out_features", [48, 97])  # even, and odd (the remainder path, like V = 50257)
-@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 32)])  # rows 1, 6, 128 = FEW_ROWS
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 32), (3, 100)])  # 1 row (decoding) .. 300 rows
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_linear_split_product_equals_f_linear(threads, out_features, shape, with_bias):
-    from tinygpt.layers import FEW_ROWS, linear
-
-    torch.manual_seed(0)
-    x = torch.randn(*shape, 40)
-    weight = torch.randn(out_features, 40)
-    bias = torch.randn(out_features) if with_bias else None
-    with torch.no_grad():
-        got = linear(x, weight, bias)
-    assert shape[0] * shape[1] <= FEW_ROWS
-    assert got.shape == (*shape, out_features) and got.is_contiguous()
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
-
-
-def test_linear_takes_any_weight_layout(threads):
-    # A weight that is a transposed view (as one might assign from an [in, out] checkpoint) and a strided bias: the
-    # row blocks are strided views of them (splitting one dimension is always a view), multiplied just the same.
+def test_linear_equals_f_linear(shape, with_bias):
     from tinygpt.layers import linear
 
     torch.manual_seed(0)
-    x, weight_t, bias = torch.randn(1, 24), torch.randn(24, 50), torch.randn(100)[::2]
+    x = torch.randn(*shape, 40)
+    weight = torch.randn(97, 40)  # an odd width, like V = 50257
+    bias = torch.randn(97) if with_bias else None
     with torch.no_grad():
-        got = linear(x, weight_t.t(), bias)
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight_t.t(), bias))
+        got = linear(x, weight, bias)
+    assert got.shape == (*shape, 97) and got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
 
 
-def test_linear_split_product_is_really_taken(threads, monkeypatch):
-    # The fast path must be the one that runs for a decoding step (and not for autograd or many rows).
+def test_linear_takes_any_layout():
+    # Weights that are views (a transpose, as one might assign from an [in, out] checkpoint; every other row),
+    # strided and broadcast biases (oneDNN alone gets these wrong: linear must hand it a contiguous one), inputs that
+    # are transposed, sliced or broadcast, and no rows at all.
+    from tinygpt.layers import linear
+
+    torch.manual_seed(0)
+    weight_t, weight_2, x = torch.randn(24, 50), torch.randn(100, 24)[::2], torch.randn(6, 24)
+    weights = {"transposed": weight_t.t(), "every other row": weight_2}
+    biases = {"none": None, "strided": torch.randn(100)[::2], "broadcast": torch.randn(1).expand(50)}
+    inputs = {"transposed": torch.randn(24, 3).t(), "sliced": torch.randn(12, 24)[::2],
+              "broadcast": x[:1].expand(4, 24), "3d sliced": torch.randn(2, 6, 48)[:, ::2, ::2]}
+    for (wn, w), (bn, b), (xn, xi) in itertools.product(weights.items(), biases.items(), inputs.items()):
+        with torch.no_grad():
+            got = linear(xi, w, b)
+        torch.testing.assert_close(got, torch.nn.functional.linear(xi, w, b), rtol=1e-6, atol=1e-5,
+                                   msg=lambda m: f"weight {wn}, bias {bn}, input {xn}: {m}")
+    with torch.no_grad():
+        assert linear(torch.randn(0, 24), weight_2).shape == (0, 50)
+
+
+def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch):
+    # The oneDNN product must be the one that runs for inference in float32, and never where it would change
+    # what is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter. A spy stands in for the kernel, so the choice is
+    # tested on machines without oneDNN too.
+    from torch.utils.flop_counter import FlopCounterMode
+
     from tinygpt import layers
 
     calls = []
-    monkeypatch.setattr(layers.torch, "baddbmm", lambda *a, **k: calls.append(1) or torch.Tensor.baddbmm(*a, **k))
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(attrs)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(layers, "ONEDNN_LINEAR", spy)
     module = layers.Linear(16, 30)
     with torch.no_grad():
         module(torch.randn(1, 1, 16))
-        assert len(calls) == 1
-        module(torch.randn(1, layers.FEW_ROWS + 1, 16))
-        assert len(calls) == 1
+        assert calls == [("none", [], "")]
+        module.double()(torch.randn(1, 1, 16, dtype=torch.float64))
+        module.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert module(torch.randn(2, 16)).dtype == torch.bfloat16
+        with FlopCounterMode(display=False) as counter:
+            module(torch.randn(2, 16))
+        assert counter.get_total_flops() == 2 * 2 * 16 * 30
+    assert len(calls) == 1
+    with torch.inference_mode():
+        module(torch.randn(300, 16))
+    assert len(calls) == 2
     module(torch.randn(1, 1, 16)).sum().backward()  # autograd: the plain F.linear, gradients as usual
-    assert len(calls) == 1 and module.weight.grad is not None
+    assert len(calls) == 2 and module.weight.grad is not None
+    monkeypatch.setattr(layers, "ONEDNN_LINEAR", None)  # no oneDNN in this torch: F.linear
+    with torch.no_grad():
+        assert module(torch.randn(4, 16)).shape == (4, 30)
+    assert len(calls) == 2

@@ -9,57 +9,67 @@ attention, each chosen by a ``GPTConfig`` field.
 from __future__ import annotations
 
 import math
+import platform
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .config import GPTConfig
 from .kv_cache import KVCache
 from .rope import apply_rope
 
 
-# Up to this many rows (batch x tokens), a CPU product runs as one block of the weight per thread (``linear``):
-# measured faster up to 128 rows, not at 256 (``python -m benchmarks.ab fewrows``).
-FEW_ROWS = 128
+def _find_onednn_linear() -> Any:
+    """torch's oneDNN (mkldnn) linear kernel, on x86-64 builds that have it; None elsewhere."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+# None switches the oneDNN path off (``benchmarks.ab`` does, to time F.linear against it).
+ONEDNN_LINEAR = _find_onednn_linear()
+
+
+def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``linear`` runs x @ weight.T + bias on oneDNN: plain CPU float32 tensors, nothing that needs a
+    gradient, no autocast (which would want the product in bf16), no torch.compile trace (which picks its own
+    kernels), no dispatch mode or tensor subclass (``FlopCounterMode``, fake or distributed tensors and the like know
+    ``aten`` products, not this one)."""
+    return (ONEDNN_LINEAR is not None and type(x) is torch.Tensor and type(weight) in _PLAIN
+            and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
+            and not (torch.is_grad_enabled()
+                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``, exactly what ``F.linear`` computes: [..., in] -> [..., out], weight [out, in].
+    """``x @ weight.T + bias``, what ``F.linear`` computes: [..., in] -> [..., out], weight [out, in].
 
-    The few rows of a decoding step make every product a matrix-vector one, bound by how fast the weight streams
-    from memory; torch's CPU BLAS ran those at about one core's bandwidth here. So on a CPU with n >= 2 torch
-    threads, an input of at most ``FEW_ROWS`` rows that needs no gradient multiplies the weight cut into n blocks of
-    rows, in one batched product (``bmm`` runs one block per thread, each streaming its own part of the weight).
-    On the 2-core reference machine that made gpt2-small's one-row products 1.7x faster
-    (``python -m benchmarks.ab linear``), and a 64- or 128-token forward 1.07-1.09x faster
-    (``python -m benchmarks.ab fewrows``). The values are the same dot products, up to float32 summation order.
-    Everything else (autograd, other devices and dtypes, many rows) is plain ``F.linear``.
+    ``F.linear`` runs on the BLAS torch was built with (MKL on x86). Where ``onednn_applies`` (inference on a CPU in
+    float32) the same product runs on oneDNN, which torch also ships, with the bias fused. On the 2-core AMD EPYC
+    reference machine that made gpt2-small's one-row products (decoding) 1.66x faster than ``F.linear``
+    (``python -m benchmarks.ab linear``) and its forward 1.37x at 1x128 tokens, 1.09x at 1x1024 and 8x256
+    (``python -m benchmarks.ab onednn``). The values are the same dot products, up to float32 summation order
+    (~1e-6 relative). Everything else (autograd, other devices and dtypes, autocast) is plain ``F.linear``.
     """
-    parts = torch.get_num_threads()
-    out_features, in_features = weight.shape
-    rows = x.numel() // in_features if in_features else 0
-    if (parts < 2 or rows > FEW_ROWS or out_features < parts or x.device.type != "cpu"
-            or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return F.linear(x, weight, bias)
-    block = out_features // parts
-    split = block * parts  # the rows that divide evenly; a remainder (odd V) takes a plain product
-    flat = x.reshape(1, rows, in_features).expand(parts, rows, in_features)  # [n, M, in], no copy
-    blocks = weight[:split].view(parts, block, in_features).transpose(1, 2)  # [n, in, out/n], no copy
-    if bias is None:
-        y = torch.bmm(flat, blocks)  # [n, M, out/n]
-    else:
-        y = torch.baddbmm(bias[:split].view(parts, 1, block), flat, blocks)
-    y = y.transpose(0, 1).reshape(rows, split)  # [M, split]: block j holds outputs j*block .. (j+1)*block-1
-    if split < out_features:
-        rest = F.linear(x.reshape(rows, in_features), weight[split:], None if bias is None else bias[split:])
-        y = torch.cat((y, rest), dim=1)
-    return y.view(*x.shape[:-1], out_features)
+    if onednn_applies(x, weight, bias):
+        # The kernel reads the bias as contiguous whatever its strides (a strided bias gave wrong sums: tested).
+        return ONEDNN_LINEAR(x, weight, None if bias is None else bias.contiguous(), "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, init and state dict) whose forward is ``linear``: fast one-row products."""
+    """``nn.Linear`` (same parameters, init and state dict) whose forward is ``linear`` (oneDNN for inference)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

@@ -17,7 +17,7 @@ from torch import nn
 from .config import GPTConfig
 from .kv_cache import KVCache
 from .head_loss import head_cross_entropy
-from .layers import FEW_ROWS, LayerNorm, RMSNorm, TransformerBlock, linear, make_norm
+from .layers import LayerNorm, RMSNorm, TransformerBlock, linear, make_norm, onednn_applies
 from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -173,17 +173,16 @@ class GPTModel(nn.Module):
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output head, hidden states [B, T, D] -> logits [B, T, V] (``out_head``, bias-free).
 
-        Up to ``FEW_ROWS`` rows (a decoding step, a short prompt) go through ``layers.linear`` (one block of the
-        head per thread; the head is 30% of gpt2-small's weights).
+        Where ``layers.onednn_applies`` (inference on a CPU in float32) this is ``layers.linear``'s oneDNN product.
 
-        Without autograd on a CPU, the product is written into a buffer whose rows are padded to a multiple of 64
-        floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output row starts
-        misaligned, which made the head ~1.3x slower here (``python -m benchmarks.ab head``). The padding columns
-        are never written or read: ids >= V cannot be sampled, enter a loss or be exported, and the weights are
-        untouched. The view is not contiguous (row stride > V); with autograd this is the plain linear.
+        Otherwise, without autograd on a CPU, the product is written into a buffer whose rows are padded to a
+        multiple of 64 floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output
+        row starts misaligned, which made torch's BLAS ~1.3x slower here (``python -m benchmarks.ab head``). The
+        padding columns are never written or read: ids >= V cannot be sampled, enter a loss or be exported, and the
+        weights are untouched. The view is not contiguous (row stride > V); with autograd this is the plain linear.
         """
         weight = self.out_head.weight  # [V, D]
-        if h.numel() <= FEW_ROWS * h.shape[-1]:
+        if onednn_applies(h, weight):
             return linear(h, weight)
         v = weight.shape[0]
         row = -(-v // 64) * 64
