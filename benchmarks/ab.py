@@ -4,6 +4,7 @@
     python -m benchmarks.ab head [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab onednn [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab linear [--repeats 7]
+    python -m benchmarks.ab train [--repeats 7]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
 forward, full logits, float32, inference mode, against the current code (B), interleaved A B A B after a warm-up,
@@ -13,7 +14,8 @@ with the logits compared so that the edit is also shown to preserve the result.
 rows) and on oneDNN (B: ``layers.linear``). ``linear`` is about decoding, not the full forward: A multiplies one row
 by every weight of gpt2-small (the 48 block linears and the head) with ``F.linear``, B with ``tinygpt.layers.linear``;
 then a cached greedy decode (16-token prompt, 64 new tokens) runs with oneDNN switched off (A) and on (B), the tokens
-compared.
+compared. ``train`` times the training benchmark's step (``benchmarks.train_step``: 4 layers, 256 wide, 8 x 256
+tokens, AdamW) with oneDNN off (A) and on (B: the head's logits in ``head_loss`` on oneDNN), from the same weights.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from tinygpt import generate, layers
+from tinygpt import GPTModel, generate, layers
 from tinygpt.layers import LayerNorm, layer_norm_formula
 
 from .common import format_table, pin_threads, spread, time_interleaved
 from .models import build_tinygpt, gpt2_small
+from .train_step import make_step, train_config
 
 
 @contextlib.contextmanager
@@ -110,6 +113,35 @@ def run_linear(repeats: int) -> dict[str, Any]:
     return {"experiment": "linear", "repeats": repeats, "rows": rows}
 
 
+def run_train(repeats: int) -> dict[str, Any]:
+    """The training step of ``benchmarks.train_step`` with every product on torch's BLAS (A) and as it is (B)."""
+    config = train_config(quick=False)
+    torch.manual_seed(0)
+    models = {"A": GPTModel(config), "B": GPTModel(config)}
+    models["B"].load_state_dict(models["A"].state_dict())
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, config.vocab_size, (8, config.context_length + 1), generator=generator)
+    idx, targets = tokens[:, :-1], tokens[:, 1:]
+    steps = {name: make_step(model, idx, targets) for name, model in models.items()}
+    losses: dict[str, list[float]] = {"A": [], "B": []}
+
+    def timed(name: str, swap: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], None]:
+        def call() -> None:
+            with swap():
+                losses[name].append(steps[name]())
+
+        return call
+
+    stats = time_interleaved({"A (BLAS)": timed("A", _plain_linear), "B (now)": timed("B", contextlib.nullcontext)},
+                             warmup=1, repeats=repeats)
+    diff = max(abs(a - b) for a, b in zip(losses["A"], losses["B"]))
+    rows = [{"case": f"train step 8x{config.context_length}, 4x256", "variant": name, **st, "time_ms": spread(st),
+             "speedup": stats["A (BLAS)"]["median_s"] / st["median_s"],
+             "rate": f"{8 * config.context_length / st['median_s']:.0f} tok/s",
+             "max_abs_diff": f"losses within {diff:.1e}"} for name, st in stats.items()]
+    return {"experiment": "train", "repeats": repeats, "rows": rows}
+
+
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
@@ -133,7 +165,7 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear"])
+    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train"])
     parser.add_argument("--shapes", default="1x128,1x1024,8x256", help="comma-separated BxT (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
@@ -144,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--shapes must look like 1x128,8x256, got {args.shapes!r}")
     pin_threads()
-    if args.experiment == "linear":
-        result = run_linear(args.repeats)
+    if args.experiment in ("linear", "train"):
+        result = (run_linear if args.experiment == "linear" else run_train)(args.repeats)
         print(format_table(result["rows"], [("case", "case"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
                                             ("rate", "rate"), ("speedup", "speedup vs A"),
                                             ("max_abs_diff", "max |diff| A-B")]))

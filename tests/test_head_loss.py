@@ -21,9 +21,16 @@ def _plain_and_fused(h, weight, targets):
     return results
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("dtype,tol,onednn", [(torch.float64, 1e-12, False), (torch.float32, 2e-6, False),
+                                              (torch.float32, 2e-6, True)])  # float32 logits by torch.mm or oneDNN
 @pytest.mark.parametrize("chunk_logits", [1 << 24, 3 * 53])  # one chunk; chunks of 3 rows (the last one short)
-def test_fused_loss_and_gradients_equal_cross_entropy_over_logits(monkeypatch, dtype, tol, chunk_logits):
+def test_fused_loss_and_gradients_equal_cross_entropy_over_logits(monkeypatch, dtype, tol, onednn, chunk_logits):
+    from tinygpt import layers
+
+    if onednn and layers.ONEDNN_LINEAR is None:
+        pytest.skip("this torch has no oneDNN linear")
+    if not onednn:
+        monkeypatch.setattr(layers, "ONEDNN_LINEAR", None)
     monkeypatch.setattr(head_loss, "_CHUNK_LOGITS", chunk_logits)
     torch.manual_seed(0)
     h = torch.randn(2, 7, 16, dtype=dtype)

@@ -185,7 +185,7 @@ def test_linear_takes_any_layout():
 
 def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch):
     # The oneDNN product must be the one that runs for inference in float32, and never where it would change
-    # what is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter. A spy stands in for the kernel, so the choice is
+    # what is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter, vmap. A spy stands in for the kernel, so the choice is
     # tested on machines without oneDNN too.
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -209,6 +209,7 @@ def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch)
         with FlopCounterMode(display=False) as counter:
             module(torch.randn(2, 16))
         assert counter.get_total_flops() == 2 * 2 * 16 * 30
+        assert torch.func.vmap(module)(torch.randn(3, 2, 16)).shape == (3, 2, 30)  # vmap: plain F.linear
     assert len(calls) == 1
     with torch.inference_mode():
         module(torch.randn(300, 16))

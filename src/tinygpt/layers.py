@@ -41,15 +41,15 @@ ONEDNN_LINEAR = _find_onednn_linear()
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``linear`` runs x @ weight.T + bias on oneDNN: plain CPU float32 tensors, nothing that needs a
     gradient, no autocast (which would want the product in bf16), no torch.compile trace (which picks its own
-    kernels), no dispatch mode or tensor subclass (``FlopCounterMode``, fake or distributed tensors and the like know
-    ``aten`` products, not this one)."""
+    kernels), no dispatch mode, tensor subclass or ``torch.func`` transform (``FlopCounterMode``, fake or distributed
+    tensors, ``vmap`` and the like know ``aten`` products, not this one)."""
     return (ONEDNN_LINEAR is not None and type(x) is torch.Tensor and type(weight) in _PLAIN
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
             and not (torch.is_grad_enabled()
                      and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None)
+            and _get_current_dispatch_mode() is None and not torch._C._functorch.is_functorch_wrapped_tensor(x))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
