@@ -184,9 +184,9 @@ def test_linear_takes_any_layout():
 
 
 def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch):
-    # The oneDNN product must be the one that runs for inference in float32, and never where it would change
-    # what is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter, vmap. A spy stands in for the kernel, so the choice is
-    # tested on machines without oneDNN too.
+    # The oneDNN product must be the one that runs for inference in float32, and never where it would change what
+    # is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter, vmap. A spy stands in for
+    # the kernel, so the choice is tested on machines without oneDNN too.
     from torch.utils.flop_counter import FlopCounterMode
 
     from tinygpt import layers

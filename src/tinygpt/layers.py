@@ -57,7 +57,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     ``F.linear`` runs on the BLAS torch was built with (MKL on x86). Where ``onednn_applies`` (inference on a CPU in
     float32) the same product runs on oneDNN, which torch also ships, with the bias fused. On the 2-core AMD EPYC
-    reference machine that made gpt2-small's one-row products (decoding) 1.66x faster than ``F.linear``
+    reference machine that made gpt2-small's one-row products (decoding) 1.7-1.8x faster than ``F.linear``
     (``python -m benchmarks.ab linear``) and its forward 1.37x at 1x128 tokens, 1.09x at 1x1024 and 8x256
     (``python -m benchmarks.ab onednn``). The values are the same dot products, up to float32 summation order
     (~1e-6 relative). Everything else (autograd, other devices and dtypes, autocast) is plain ``F.linear``.
