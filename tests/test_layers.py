@@ -220,3 +220,27 @@ def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch)
     with torch.no_grad():
         assert module(torch.randn(4, 16)).shape == (4, 30)
     assert len(calls) == 2
+
+
+def test_onednn_kernel_is_used_only_where_it_checks_out(monkeypatch):
+    # The kernel is private to torch: it is taken only on x86-64, and only if a small integer product (exact in any
+    # summation order) comes out as F.linear's; a kernel that raises or computes something else is never used.
+    from tinygpt import layers
+
+    monkeypatch.setattr(layers.torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(layers.platform, "machine", lambda: "aarch64")
+    assert layers._find_onednn_linear() is None
+    monkeypatch.setattr(layers.platform, "machine", lambda: "x86_64")
+
+    def wrong(x, weight, bias, *attrs):
+        return torch.nn.functional.linear(x, weight) + 1.0
+
+    def raises(*args):
+        raise RuntimeError("no such kernel")
+
+    def right(x, weight, bias, *attrs):
+        return torch.nn.functional.linear(x, weight, bias)
+
+    for kernel, usable in ((wrong, False), (raises, False), (right, True)):
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", kernel)
+        assert (layers._find_onednn_linear() is kernel) == usable

@@ -23,13 +23,19 @@ from .rope import apply_rope
 
 
 def _find_onednn_linear() -> Any:
-    """torch's oneDNN (mkldnn) linear kernel, on x86-64 builds that have it; None elsewhere."""
+    """torch's oneDNN (mkldnn) linear kernel, on x86-64 builds that have it and where it computes a small product
+    exactly as ``F.linear`` does (integers: exact in any summation order); None elsewhere."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return None
     try:
-        return torch.ops.mkldnn._linear_pointwise
+        kernel = torch.ops.mkldnn._linear_pointwise
+        x, weight, bias = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3), torch.arange(4.0)
+        with torch.no_grad():
+            if torch.equal(kernel(x, weight, bias, "none", [], ""), F.linear(x, weight, bias)):
+                return kernel
     except (AttributeError, RuntimeError):
-        return None
+        pass
+    return None
 
 
 _PLAIN = (torch.Tensor, nn.Parameter)
