@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .layers import linear, onednn_applies
+from .layers import onednn_applies, onednn_linear
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it add nothing to the loss or its gradient
 
@@ -75,7 +75,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
             hc, tc = h[start : start + rows], targets[start : start + rows]  # [m, D], [m]
             m = hc.shape[0]
             if onednn:  # a fresh [m, V] (no out= there), still ~1.5x faster than torch.mm into the buffer here
-                logits = linear(hc, weight)
+                logits = onednn_linear(hc, weight)
             else:
                 logits = torch.mm(hc, weight.t(), out=logits_buf[:m])  # [m, V]
             prob = torch.softmax(logits, dim=1, out=prob_buf[:m])  # [m, V]

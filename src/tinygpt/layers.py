@@ -69,9 +69,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (~1e-6 relative). Everything else (autograd, other devices and dtypes, autocast) is plain ``F.linear``.
     """
     if onednn_applies(x, weight, bias):
-        # The kernel reads the bias as contiguous whatever its strides (a strided bias gave wrong sums: tested).
-        return ONEDNN_LINEAR(x, weight, None if bias is None else bias.contiguous(), "none", [], "")
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear``'s oneDNN product itself, for callers that already know ``onednn_applies``: [..., in] -> [..., out]."""
+    # The kernel reads the bias as contiguous whatever its strides (a strided bias gave wrong sums: tested).
+    return ONEDNN_LINEAR(x, weight, None if bias is None else bias.contiguous(), "none", [], "")
 
 
 class Linear(nn.Linear):

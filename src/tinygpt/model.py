@@ -17,7 +17,7 @@ from torch import nn
 from .config import GPTConfig
 from .kv_cache import KVCache
 from .head_loss import head_cross_entropy
-from .layers import LayerNorm, RMSNorm, TransformerBlock, linear, make_norm, onednn_applies
+from .layers import LayerNorm, RMSNorm, TransformerBlock, make_norm, onednn_applies, onednn_linear
 from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class GPTModel(nn.Module):
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output head, hidden states [B, T, D] -> logits [B, T, V] (``out_head``, bias-free).
 
-        Where ``layers.onednn_applies`` (inference on a CPU in float32) this is ``layers.linear``'s oneDNN product.
+        Where ``layers.onednn_applies`` (inference on a CPU in float32) this is ``layers.onednn_linear``.
 
         Otherwise, without autograd on a CPU, the product is written into a buffer whose rows are padded to a
         multiple of 64 floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output
@@ -183,7 +183,7 @@ class GPTModel(nn.Module):
         """
         weight = self.out_head.weight  # [V, D]
         if onednn_applies(h, weight):
-            return linear(h, weight)
+            return onednn_linear(h, weight)
         v = weight.shape[0]
         row = -(-v // 64) * 64
         if (torch.is_grad_enabled() or row == v or h.device.type != "cpu" or h.dtype != weight.dtype
