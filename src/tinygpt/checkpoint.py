@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -134,44 +133,18 @@ def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], *, 
         if not tensor.is_floating_point():
             raise ValueError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
         state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype)
-    donor = _buffer_donor(config, device)
     if config.tie_weights:
         state[_TIED_KEY] = state["tok_emb.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_weights:
         model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
-    _materialise_buffers(model, donor, model.tok_emb.weight.dtype)
-    state.clear()
-    return model.eval()
-
-
-def _buffer_donor(config: GPTConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    """Non-persistent buffers (the causal mask, any position tables) are not in the file, and a model built on the
-    meta device has them on meta too. They depend on the config only, not on the weights or the layer index, so a
-    one-layer, one-token model on the real device (a few MB) supplies them; its parameters are dropped at once."""
-    with torch.device(device):
-        donor = GPTModel(config.replace(n_layers=1, vocab_size=1))
-    persistent = set(donor.state_dict())
-    return {name: b for name, b in donor.named_buffers() if name not in persistent}
-
-
-def _materialise_buffers(model: GPTModel, donor: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-    """Give every meta buffer of ``model`` the donor's value (layer i takes layer 0's), floating ones in ``dtype``,
-    as ``model.to(dtype)`` would have left them."""
-    for name, buffer in list(model.named_buffers()):
-        if not buffer.is_meta:
-            continue
-        donor_name = re.sub(r"^trf_blocks\.\d+\.", "trf_blocks.0.", name)
-        if donor_name not in donor:
-            raise RuntimeError(f"load_model cannot materialise the buffer {name!r}")
-        value = donor[donor_name]
-        if value.is_floating_point():
-            value = value.to(dtype)
-        owner, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(owner), attr, value)  # the module keeps it registered as a buffer
+    # The model holds no buffers (its causal mask is built per call), so nothing else is left on meta; were one added,
+    # this says so instead of running with a meta tensor.
     still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if still_meta:
         raise RuntimeError(f"load_model left tensors on the meta device: {still_meta}")
+    state.clear()
+    return model.eval()
 
 
 def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None

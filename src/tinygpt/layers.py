@@ -206,8 +206,11 @@ class FeedForward(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention with one fused QKV projection. [B, T, D] -> [B, T, D].
 
-    Query i may only look at keys j <= i (its own absolute position and earlier). The causal mask is a boolean
-    [C, C] buffer registered once and kept out of the state dict (it is derived from C, not learned).
+    Query i may only look at keys j <= i (its own absolute position and earlier). A plain causal forward hands that
+    rule to ``scaled_dot_product_attention`` (``is_causal``) with no mask tensor at all; where a mask is needed
+    (padding, the attention weights, a cached multi-token step) it is built for the call's [T, S] positions. There
+    is no [C, C] mask buffer per layer, as the seeds' upstream keeps (L * C^2 values: 48 MiB of float32 for
+    gpt2-small, and it grows with the square of the context length).
 
     Grouped-query attention: with Hkv = ``config.kv_heads`` < H key/value heads, the fused projection is
     D -> (H + 2 Hkv) * hd and query head h reads key/value head h // (H / Hkv); the cache holds only the Hkv heads.
@@ -223,8 +226,6 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = Linear(d, d, bias=config.bias)
         self.dropout_p = config.attn_dropout
         self.dropout = nn.Dropout(config.attn_dropout)
-        causal = torch.tril(torch.ones(config.context_length, config.context_length, dtype=torch.bool))
-        self.register_buffer("causal_mask", causal, persistent=False)  # [C, C], True = may attend
 
     def forward(
         self,
@@ -263,15 +264,15 @@ class MultiHeadAttention(nn.Module):
         # tensor: plain causal when S == T, and all keys for the one query of a cached decode step (T == 1).
         allowed = None
         if key_mask is not None or return_weights or (past != 0 and t > 1):
-            allowed = self.causal_mask[past : past + t, :s]  # query past+i sees keys <= past+i
+            query_pos = torch.arange(past, past + t, device=x.device)[:, None]  # [T, 1]
+            key_pos = torch.arange(s, device=x.device)  # [S]
+            allowed = key_pos <= query_pos  # [T, S]: query past+i sees keys <= past+i
             if key_mask is not None:
                 # A left-padding query sees no real key at all; softmax over an empty set is NaN (SDPA may return
                 # it), and NaN hidden states become NaN keys/values that 0 * NaN leaks into real rows. Letting
                 # every query also see its own key keeps the padding rows finite; real queries see themselves
                 # anyway, so their result is unchanged.
-                query_pos = torch.arange(past, past + t, device=x.device)[:, None]  # [T, 1]
-                own = torch.arange(s, device=x.device) == query_pos  # [T, S]
-                allowed = (allowed & key_mask[:, None, None, :]) | own  # [B, 1, T, S]
+                allowed = (allowed & key_mask[:, None, None, :]) | (key_pos == query_pos)  # [B, 1, T, S]
 
         groups = self.n_heads // self.n_kv_heads
         if return_weights:

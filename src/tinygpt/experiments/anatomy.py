@@ -4,7 +4,9 @@ Parameter counts come from ``count_parameters`` (the formula N = 2VD + CD + L(12
 so no tensor is allocated. Memory for training with AdamW, per parameter: the weight, its gradient, and AdamW's two
 moment tensors (``exp_avg``, ``exp_avg_sq``, kept in the parameter's dtype by ``torch.optim.AdamW``): 4 copies, i.e.
 16 bytes at float32 and 8 bytes at bfloat16 (activations, which depend on batch and sequence length, are not
-counted). Each block also holds its causal-mask buffer, C*C booleans: not a parameter, but memory (seed 000 §6.7).
+counted). In the seeds' upstream each block also holds its causal mask as a buffer, C*C float32 values: not a
+parameter, but memory (seed 000 §6.7), and the table shows what those cost; tinygpt keeps none (it builds a mask per
+call, for the call's positions, and only where a plain causal attention does not do).
 
 Savings: tying the head to the token embedding removes V*D. Bias-free linears (seed 002 exercise 1: ``bias=False``
 on every linear of the block, as modern open-weight LLMs do) remove, per block, the fused QKV bias ((H + 2Hkv)hd =
@@ -65,7 +67,7 @@ def anatomy(config: GPTConfig) -> dict:
                       "norms": counts.norms_per_block,
                       "feed_forward_over_attention": counts.feed_forward_per_block / counts.attention_per_block},
         "memory_bytes": memory,
-        "causal_mask_bytes": config.n_layers * config.context_length**2,
+        "upstream_mask_bytes": 4 * config.n_layers * config.context_length**2,
         "saving_tie_weights": count_parameters(untied).total - count_parameters(untied.replace(tie_weights=True)).total,
         "saving_bias_free_linears": linear_bias_parameters(config),
         "saving_bias_switch_off": counts.total - count_parameters(config.replace(bias=False, qkv_bias=False)).total,
@@ -100,14 +102,14 @@ def run_anatomy(out: str | Path | None = None, seed: int = 123,
                            f"{r['per_block']['feed_forward_over_attention']:.2f}"])
         m32, m16 = r["memory_bytes"]["float32"], r["memory_bytes"]["bfloat16"]
         memory_rows.append([label, *(human_bytes(m32[k]) for k in ("weights", "gradients", "adamw_state", "total")),
-                            human_bytes(m16["total"]), human_bytes(r["causal_mask_bytes"])])
+                            human_bytes(m16["total"]), human_bytes(r["upstream_mask_bytes"])])
         saving_rows.append([label, r["saving_tie_weights"], f"{100 * r['saving_tie_weights'] / total:.1f}%",
                             r["saving_bias_free_linears"], f"{100 * r['saving_bias_free_linears'] / total:.3f}%",
                             r["saving_bias_switch_off"]])
     split_table = format_table(["config", "D/H/L", "parameters", "embeddings", "attention", "feed-forward", "norms",
                                 "head", "FFN/attn per block"], split_rows)
     memory_table = format_table(["config", "fp32 weights", "fp32 grads", "fp32 AdamW state", "fp32 total",
-                                 "bf16 total", "causal masks (bool)"], memory_rows)
+                                 "bf16 total", "upstream's fp32 masks"], memory_rows)
     saving_table = format_table(["config", "tying saves", "of total", "bias-free linears save", "of total",
                                  "bias=False, qkv_bias=False save"], saving_rows)
 

@@ -91,7 +91,7 @@ def wrap_model(model: nn.Module, ctx: DistContext, *, fsdp: bool = False) -> nn.
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # broadcast_buffers=False: the only buffers are causal masks, derived from the config and equal on every rank.
+    # broadcast_buffers=False: GPTModel has no buffers (its causal mask is built per call): nothing to sync per step.
     return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
