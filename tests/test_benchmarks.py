@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import gpu, memory, runner
+from benchmarks import faults, gpu, memory, runner
 from benchmarks.common import format_table, time_interleaved, write_json_atomic
 from benchmarks.models import available, build_tinygpt, forward_flops, quick_config
 from tinygpt import generate_greedy
@@ -116,3 +117,19 @@ def test_cli_bench_calls_the_same_runner(tmp_path):
     assert main(["bench", "--quick", "--only", "bf16", "--repeats", "1", "--json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert result["cases"] == ["bf16"] and result["repeats"] == 1 and "bf16" in result
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the tunables are glibc's")
+def test_faults_case_compares_malloc_settings_in_children():
+    # 512 x 64 positions of the quick model's 320 logits are 40 MiB: above glibc's largest mmap threshold, so with
+    # its defaults every forward's logits arrive as fresh pages; with mmap off and no trimming they are reused.
+    result = faults.run([(512, 64)], rounds=1, repeats=2, quick=True)
+    by_variant = {row["variant"]: row for row in result["rows"]}
+    assert set(by_variant) == set(faults.VARIANTS)
+    default, kept = by_variant.values()
+    assert default["faults"] >= 512 * 64 * 320 * 4 / 4096
+    assert kept["faults"] < default["faults"] / 10
+    assert "page faults" in faults.table(result)
+    with pytest.raises(ValueError, match="rounds"):
+        faults.run([(1, 8)], rounds=0, repeats=1, quick=True)
