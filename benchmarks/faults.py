@@ -9,7 +9,7 @@ are a part of the gap between a forward and the ceiling that no choice of kernel
 malloc reads its settings once, at start, so every measurement runs in a child process, alternately (A B A B ...):
 A with glibc's defaults, B with ``MALLOC_MMAP_MAX_=0`` (no mmap: every allocation comes from the heap) and
 ``MALLOC_TRIM_THRESHOLD_`` of 1 TiB (freed memory stays for reuse), glibc's documented tunables; other C libraries
-ignore them, and A and B then measure the same thing. A child builds gpt2-small, runs one warm-up forward per shape,
+ignore them, and A and B then measure the same thing. A child builds gpt2-small, runs two warm-up forwards per shape,
 then times ``repeats`` forwards per shape (full logits, float32, inference mode), counting each one's minor page
 faults, and measures the matmul ceiling (``common.matmul_ceiling``). Only tinygpt runs: the question is how much of
 its own forward is the kernel handing out pages, not how it compares.
@@ -52,7 +52,8 @@ def measure(shapes: list[tuple[int, int]], repeats: int, quick: bool) -> dict[st
         idx = torch.randint(0, config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(5))
         times, faults = [], []
         with torch.inference_mode():
-            model(idx)  # warm-up: the first forward also pays for one-time set-up
+            for _ in range(2):  # warm-up: one-time set-up, then (B) the heap grown to what a forward needs
+                model(idx)
             for _ in range(repeats):
                 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 start = time.perf_counter()
