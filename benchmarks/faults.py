@@ -1,4 +1,4 @@
-"""Page faults in tinygpt's forward: what fresh memory costs, with glibc's malloc as it is and told to keep memory.
+"""Page faults in tinygpt's forward: what fresh memory costs, with malloc as it is, keeping memory, or huge pages.
 
 glibc serves an allocation above its mmap threshold (never more than 32 MiB; gpt2-small's logits are 196 MiB at
 1x1024) with pages the process has never touched, and the heap hands freed memory back to the kernel once more than
@@ -6,13 +6,15 @@ the trim threshold of it lies at its top. The first write to each such 4 KiB pag
 zeroes it. The n x n product that sets the matmul ceiling reuses its output and pays none of this, so these faults
 are a part of the gap between a forward and the ceiling that no choice of kernel removes.
 
-malloc reads its settings once, at start, so every measurement runs in a child process, alternately (A B A B ...):
+malloc reads its settings once, at start, so every measurement runs in a child process, in turn (A B C A B C ...):
 A with glibc's defaults, B with ``MALLOC_MMAP_MAX_=0`` (no mmap: every allocation comes from the heap) and
-``MALLOC_TRIM_THRESHOLD_`` of 1 TiB (freed memory stays for reuse), glibc's documented tunables; other C libraries
-ignore them, and A and B then measure the same thing. A child builds gpt2-small, runs two warm-up forwards per shape,
-then times ``repeats`` forwards per shape (full logits, float32, inference mode), counting each one's minor page
-faults, and measures the matmul ceiling (``common.matmul_ceiling``). Only tinygpt runs: the question is how much of
-its own forward is the kernel handing out pages, not how it compares.
+``MALLOC_TRIM_THRESHOLD_`` of 1 TiB (freed memory stays for reuse), glibc's documented tunables (other C libraries
+ignore them, and B then measures what A does), C with torch's own ``THP_MEM_ALLOC_ENABLE=1``: its allocator asks
+for transparent huge pages (``madvise``) for every tensor of 2 MiB or more, so that fresh memory faults in 2 MiB at
+a time where the kernel's THP setting allows it. A child builds gpt2-small, runs two warm-up forwards per shape, then
+times ``repeats`` forwards per shape (full logits, float32, inference mode), counting each one's minor page faults,
+and measures the matmul ceiling (``common.matmul_ceiling``). Only tinygpt runs: the question is how much of its own
+forward is the kernel handing out pages, not how it compares.
 
     python -m benchmarks.faults [--shapes 1x1024,8x256] [--rounds 3] [--repeats 3] [--quick] [--json F]
 """
@@ -33,6 +35,7 @@ from typing import Any, Sequence
 VARIANTS = {
     "A (glibc defaults)": {},
     "B (keep freed memory)": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)},
+    "C (torch THP)": {"THP_MEM_ALLOC_ENABLE": "1"},
 }
 ROOT = Path(__file__).resolve().parents[1]  # the directory holding the benchmarks package
 
