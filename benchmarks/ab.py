@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tinygpt import GPTModel, generate, layers
 from tinygpt.layers import LayerNorm, layer_norm_formula
 
-from .common import format_table, pin_threads, spread, time_interleaved
+from .common import format_table, parse_shapes, pin_threads, spread, time_interleaved
 from .models import build_tinygpt, gpt2_small
 from .train_step import make_step, train_config
 
@@ -170,15 +170,11 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
     parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train"])
-    parser.add_argument("--shapes", default="1x128,1x1024,8x256", help="comma-separated BxT (default: %(default)s)")
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x128,1x1024,8x256"),
+                        help="comma-separated BxT (default: 1x128,1x1024,8x256)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    try:
-        shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
-        if any(len(s) != 2 or min(s) < 1 for s in shapes):
-            raise ValueError
-    except ValueError:
-        parser.error(f"--shapes must look like 1x128,8x256, got {args.shapes!r}")
+    shapes = args.shapes
     pin_threads()
     if args.experiment in ("linear", "train"):
         result = (run_linear if args.experiment == "linear" else run_train)(args.repeats)

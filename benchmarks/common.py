@@ -7,6 +7,7 @@ headline numbers are ratios, which survive noise better than absolute times.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -107,6 +108,44 @@ def matmul_ceiling(n: int = 2048, *, warmup: int = 2, repeats: int = 7) -> dict[
         "gflops_median_by_kernel": {name: flops / st["median_s"] / 1e9 for name, st in stats.items()},
         **stats[best],
     }
+
+
+OP_GROUPS = {
+    "matmul (linear layers, head)": ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm",
+                                     "mkldnn::_linear_pointwise"),
+    "attention (sdpa)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
+    "layer norm (and elementwise arithmetic)": ("aten::native_layer_norm", "aten::var", "aten::mean", "aten::sub",
+                                                "aten::div", "aten::sqrt", "aten::mul", "aten::add"),
+    "gelu": ("aten::gelu",),
+    "copies (cache writes, views)": ("aten::copy_", "aten::_to_copy"),
+}
+OTHER_OPS = "other (dispatch, python-visible small ops)"
+
+
+def self_cpu_shares(prof: Any, top: int = 12) -> dict[str, Any]:
+    """A finished ``torch.profiler.profile``'s self CPU time: the total in seconds, the share of each ``OP_GROUPS``
+    group (by operator-name prefix; the rest is ``OTHER_OPS``) and the ``top`` operators' shares."""
+    events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]  # microseconds
+    total = sum(t for _, t in events) or 1.0
+    shares: dict[str, float] = {name: 0.0 for name in OP_GROUPS}
+    shares[OTHER_OPS] = 0.0
+    for key, t in events:
+        name = next((g for g, prefixes in OP_GROUPS.items() if key.startswith(prefixes)), OTHER_OPS)
+        shares[name] += t / total
+    ops = sorted(events, key=lambda e: -e[1])[:top]
+    return {"self_cpu_s": total / 1e6, "shares": shares,
+            "top_ops": [{"op": k, "share": t / total} for k, t in ops]}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'1x128,8x256' -> [(1, 128), (8, 256)] (batch x tokens, each >= 1); an ``argparse`` type."""
+    try:
+        shapes = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"shapes must look like 1x128,8x256 (batch x tokens, each >= 1), got {text!r}")
+    return shapes  # type: ignore[return-value]
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:

@@ -32,6 +32,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
+from .common import format_table, matmul_ceiling, parse_shapes, pin_threads, write_json_atomic
+from .models import build_tinygpt, forward_flops, gpt2_small, quick_config
+
 VARIANTS = {
     "A (glibc defaults)": {},
     "B (keep freed memory)": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)},
@@ -42,11 +47,6 @@ ROOT = Path(__file__).resolve().parents[1]  # the directory holding the benchmar
 
 def measure(shapes: list[tuple[int, int]], repeats: int, quick: bool) -> dict[str, Any]:
     """In this process: per shape, the seconds and the minor page faults of each of ``repeats`` forwards."""
-    import torch
-
-    from .common import matmul_ceiling, pin_threads
-    from .models import build_tinygpt, gpt2_small, quick_config
-
     pin_threads()
     config = quick_config() if quick else gpt2_small()
     model = build_tinygpt(config)
@@ -70,9 +70,7 @@ def measure(shapes: list[tuple[int, int]], repeats: int, quick: bool) -> dict[st
 
 
 def run(shapes: list[tuple[int, int]], *, rounds: int, repeats: int, quick: bool) -> dict[str, Any]:
-    """``rounds`` children per variant, alternating A B A B; per shape and variant the medians over all forwards."""
-    from .models import forward_flops, gpt2_small, quick_config
-
+    """``rounds`` children per variant, in turn (A B C A B C ...); per shape and variant, medians over all forwards."""
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds={rounds} and repeats={repeats} must both be >= 1")
     spec = ",".join(f"{b}x{t}" for b, t in shapes)
@@ -109,8 +107,6 @@ def run(shapes: list[tuple[int, int]], *, rounds: int, repeats: int, quick: bool
 
 
 def table(result: dict[str, Any]) -> str:
-    from .common import format_table
-
     columns = [("shape", "B x T"), ("variant", "variant"), ("time_ms", "ms median"), ("time_range_ms", "min-max"),
                ("faults", "page faults"), ("fault_mib", "faulted MiB"), ("gflops", "GFLOP/s"),
                ("ceiling_fraction", "of ceiling"), ("speedup", "speedup vs A")]
@@ -118,19 +114,9 @@ def table(result: dict[str, Any]) -> str:
             + f"\nceiling (median of the children's): {result['ceiling_gflops']:.0f} GFLOP/s")
 
 
-def _shapes(text: str) -> list[tuple[int, int]]:
-    try:
-        shapes = [tuple(int(n) for n in s.split("x")) for s in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"shapes must look like 1x1024,8x256, got {text!r}")
-    return shapes  # type: ignore[return-value]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=_shapes, default=_shapes("1x128,1x1024,8x256"),
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x128,1x1024,8x256"),
                         help="comma-separated BxT (default: 1x128,1x1024,8x256)")
     parser.add_argument("--rounds", type=int, default=3, help="child processes per variant (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per child and shape")
@@ -147,8 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     print(table(result))
     if args.json:
-        from .common import write_json_atomic
-
         write_json_atomic(args.json, result)
     return 0
 

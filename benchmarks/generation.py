@@ -27,7 +27,7 @@ from torch import nn
 
 from tinygpt import GPTConfig, GPTModel, generate, generate_greedy
 
-from .common import format_table, pin_threads, write_json_atomic
+from .common import format_table, pin_threads, self_cpu_shares, write_json_atomic
 from .models import available, build_hf, build_tinygpt, build_upstream, gpt2_small, quick_config
 
 Decoder = Callable[[torch.Tensor, int], list[list[int]]]  # (prompt [B, T], new tokens) -> new ids per row
@@ -144,22 +144,7 @@ def profile_decode(model: GPTModel, idx: torch.Tensor, n: int, top: int = 12) ->
     generate(model, idx, max_new_tokens=2)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, idx, max_new_tokens=n)
-    events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
-    total = sum(t for _, t in events) or 1.0
-    groups = {"matmul (linear layers, head)": ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm",
-                                                    "mkldnn::_linear_pointwise"),
-              "attention (sdpa)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
-              "layer norm (and elementwise arithmetic)": ("aten::native_layer_norm", "aten::var", "aten::mean",
-                                                           "aten::sub", "aten::div", "aten::sqrt", "aten::mul",
-                                                           "aten::add"),
-              "gelu": ("aten::gelu",), "copies (cache writes, views)": ("aten::copy_", "aten::_to_copy")}
-    shares: dict[str, float] = {name: 0.0 for name in groups}
-    shares["other (dispatch, python-visible small ops)"] = 0.0
-    for key, t in events:
-        name = next((g for g, prefixes in groups.items() if key.startswith(prefixes)), None)
-        shares[name or "other (dispatch, python-visible small ops)"] += t / total
-    ops = sorted(events, key=lambda e: -e[1])[:top]
-    return {"tokens": n, "shares": shares, "top_ops": [{"op": k, "share": t / total} for k, t in ops]}
+    return {"tokens": n, **self_cpu_shares(prof, top)}
 
 
 def _interleaved(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import faults, gpu, memory, runner
-from benchmarks.common import format_table, time_interleaved, write_json_atomic
+from benchmarks import faults, forward_profile, gpu, memory, runner
+from benchmarks.common import format_table, parse_shapes, time_interleaved, write_json_atomic
 from benchmarks.models import available, build_tinygpt, forward_flops, quick_config
 from tinygpt import generate_greedy
 
@@ -134,3 +135,23 @@ def test_faults_case_compares_malloc_settings_in_children():
     assert "page faults" in faults.table(result)
     with pytest.raises(ValueError, match="rounds"):
         faults.run([(1, 8)], rounds=0, repeats=1, quick=True)
+
+
+def test_parse_shapes():
+    assert parse_shapes("1x128,8x256") == [(1, 128), (8, 256)]
+    for bad in ("", "1x", "0x8", "1x2x3", "ax8"):
+        with pytest.raises(argparse.ArgumentTypeError, match="batch x tokens"):
+            parse_shapes(bad)
+
+
+def test_forward_profile_groups_the_self_cpu_time(capsys):
+    result = forward_profile.run([(2, 16), (1, 8)], repeats=2, quick=True)
+    for prof in result["shapes"].values():
+        assert abs(sum(prof["shares"].values()) - 1.0) < 1e-6
+        assert prof["shares"]["matmul (linear layers, head)"] > 0 and prof["self_cpu_s"] > 0
+    assert "2x16 %" in forward_profile.table(result)
+    with pytest.raises(ValueError, match="context_length"):
+        forward_profile.run([(1, 65)], repeats=1, quick=True)
+    with pytest.raises(SystemExit):
+        forward_profile.main(["--quick", "--shapes", "1x0"])
+    assert "batch x tokens" in capsys.readouterr().err
