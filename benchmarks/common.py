@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from tinygpt import layers
+from tinygpt.fileio import atomic_write_text
 
 
 def shared_data_dir() -> Path:
@@ -148,6 +148,20 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes  # type: ignore[return-value]
 
 
+def run_and_report(parser: argparse.ArgumentParser, compute: Callable[[], dict[str, Any]],
+                   table: Callable[[dict[str, Any]], str], json_path: str | Path | None) -> int:
+    """A benchmark script's last step: ``compute()`` (a ``ValueError`` becomes the parser's usage error), print its
+    table, write its JSON to ``json_path`` when given; returns the exit status."""
+    try:
+        result = compute()
+    except ValueError as err:
+        parser.error(str(err))
+    print(table(result))
+    if json_path:
+        write_json_atomic(json_path, result)
+    return 0
+
+
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     """A plain-text table: ``columns`` is [(key, header)]; floats get 3 significant-ish digits."""
 
@@ -177,18 +191,5 @@ def spread(stats: dict[str, float]) -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON: a temp file in the same directory, fsync, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` as JSON, atomically and with the umask's permissions (``tinygpt.fileio``)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .common import format_table, matmul_ceiling, parse_shapes, pin_threads, write_json_atomic
+from .common import format_table, matmul_ceiling, parse_shapes, pin_threads, run_and_report
 from .models import build_tinygpt, forward_flops, gpt2_small, quick_config
 
 VARIANTS = {
@@ -127,14 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(args.shapes, args.repeats, args.quick)))
         return 0
-    try:
-        result = run(args.shapes, rounds=args.rounds, repeats=args.repeats, quick=args.quick)
-    except ValueError as err:
-        parser.error(str(err))
-    print(table(result))
-    if args.json:
-        write_json_atomic(args.json, result)
-    return 0
+    return run_and_report(parser, lambda: run(args.shapes, rounds=args.rounds, repeats=args.repeats, quick=args.quick),
+                          table, args.json)
 
 
 if __name__ == "__main__":

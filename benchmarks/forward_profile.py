@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .common import format_table, parse_shapes, pin_threads, self_cpu_shares, write_json_atomic
+from .common import format_table, parse_shapes, pin_threads, run_and_report, self_cpu_shares
 from .models import build_tinygpt, gpt2_small, quick_config
 
 
@@ -71,14 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shapes = args.shapes or ([(2, 16)] if args.quick else [(1, 128), (1, 1024), (8, 256)])
     pin_threads()
-    try:
-        result = run(shapes, args.repeats, args.quick)
-    except ValueError as err:
-        parser.error(str(err))
-    print(table(result))
-    if args.json:
-        write_json_atomic(args.json, result)
-    return 0
+    return run_and_report(parser, lambda: run(shapes, args.repeats, args.quick), table, args.json)
 
 
 if __name__ == "__main__":

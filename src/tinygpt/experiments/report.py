@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -53,19 +53,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _readable(write: Callable[[Path], Any]) -> Callable[[Path], None]:
-    """Wrap a writer so the file ends up rw-r--r-- (the temporary file it starts as is private, 0600)."""
-
-    def wrapped(tmp: Path) -> None:
-        write(tmp)
-        tmp.chmod(0o644)
-
-    return wrapped
-
-
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     text = json.dumps(_jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n"
-    atomic_write_with(path, _readable(lambda tmp: tmp.write_text(text, encoding="utf-8")))
+    atomic_write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return path
 
 
@@ -81,7 +71,7 @@ def save_png(fig: Figure, path: Path) -> Path:
     if fig.get_layout_engine() is None:
         fig.tight_layout()
     # No "Software" metadata: the same seed gives the same bytes across matplotlib patch versions more often.
-    atomic_write_with(path, _readable(lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None})))
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
     return path
 
 
