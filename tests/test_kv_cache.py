@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt import GPTConfig, GPTModel, KVCache, generate_greedy
+from tinygpt.layers import Positions
 
 BASE = GPTConfig(vocab_size=41, context_length=24, emb_dim=24, n_heads=3, n_layers=2, qkv_bias=True)
 VARIANTS = list(itertools.product((True, False), (False, True), (torch.float32, torch.float64)))
@@ -113,7 +114,7 @@ def test_return_weights_path_has_no_nan_with_padding():
     att = GPTModel(BASE).trf_blocks[0].att.eval()
     x = torch.randn(2, 5, BASE.emb_dim)
     key_mask = torch.tensor([[True] * 5, [False, False, False, True, True]])
-    out, weights = att(x, key_mask=key_mask, return_weights=True)
+    out, weights = att(x, Positions(key_mask=key_mask), return_weights=True)
     assert torch.isfinite(out).all() and torch.isfinite(weights).all()
     assert torch.all(weights[1, :, 3:, :3] == 0)  # real queries give padding keys no weight
     assert torch.allclose(weights.sum(-1), torch.ones(2, BASE.n_heads, 5))

@@ -18,7 +18,7 @@ class KVCache:
     ``keys[layer]`` / ``values[layer]``: [B, Hkv, C, D/H], Hkv = ``config.kv_heads`` (= H unless the model uses
     grouped-query attention, whose cache holds only the shared key/value heads). ``length`` counts the positions
     written so far; the model's forward writes positions ``start_pos .. start_pos + T - 1`` and attends over
-    ``0 .. start_pos + T - 1``.
+    ``0 .. start_pos + T - 1``. ``layers[i]`` is layer i's view, the one its attention is handed.
     """
 
     def __init__(
@@ -38,6 +38,7 @@ class KVCache:
         shape = (batch_size, config.kv_heads, self.max_length, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.layers = [LayerCache(self, layer) for layer in range(config.n_layers)]  # what each attention sees
         self.length = 0
 
     @property
@@ -67,3 +68,15 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+class LayerCache:
+    """One layer's part of a ``KVCache``: the attention of layer ``layer`` writes and reads only through it."""
+
+    def __init__(self, cache: KVCache, layer: int) -> None:
+        self.cache = cache
+        self.layer = layer
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``KVCache.update`` for this layer: k, v [B, Hkv, T, hd] -> all keys/values so far [B, Hkv, S, hd]."""
+        return self.cache.update(self.layer, start_pos, k, v)
