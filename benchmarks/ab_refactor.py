@@ -123,6 +123,11 @@ def run(before: str | Path, after: str | Path, shapes: list[tuple[int, int]], *,
         quick: bool) -> dict[str, Any]:
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds={rounds} and repeats={repeats} must be >= 1")
+    context = 64 if quick else 1024
+    too_long = [f"{b}x{t}" for b, t in shapes if t > context]
+    if too_long:
+        raise ValueError(f"shapes {','.join(too_long)} exceed the model's context of {context} tokens"
+                         + (" (--quick: e.g. --shapes 1x16,2x8)" if quick else ""))
     sources = {"before": source_dir(before), "after": source_dir(after)}
     spec = workload(shapes, repeats, quick, machine_cores())
     times: dict[str, dict[str, list[float]]] = {}
