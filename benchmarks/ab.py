@@ -1,4 +1,4 @@
-"""A/B measurements behind the performance edits of model.py / layers.py: the old path vs the current one.
+"""A/B measurements behind the performance edits (``tinygpt.fast``, ``layers.py``): the old path vs the current one.
 
     python -m benchmarks.ab layernorm [--shapes 1x128,1x1024] [--repeats 7]
     python -m benchmarks.ab head [--shapes 1x128,1x1024,8x256]
