@@ -145,3 +145,23 @@ def test_model_refuses_positions_past_the_context():
     cache = KVCache(BASE, 1)
     with pytest.raises(ValueError, match="context_length=24"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache, start_pos=23)
+
+
+def test_each_layer_writes_through_its_own_view_and_a_dropped_cache_frees_its_buffers_at_once():
+    import gc
+    import weakref
+
+    cache = KVCache(BASE, 1, max_length=8)
+    k = torch.ones(1, BASE.n_heads, 2, BASE.head_dim)
+    keys, _ = cache.layers[1].update(3, k, 2 * k)
+    assert keys.shape[2] == 5 and cache.length == 5 and torch.count_nonzero(cache.keys[0]) == 0
+    assert torch.equal(cache.values[1][:, :, 3:5], 2 * k)
+    cache.reset()
+    assert cache.length == 0
+    buffer = weakref.ref(cache.keys[0])
+    gc.disable()  # no reference cycle: the buffers go with the last reference, not at some later collection
+    try:
+        del cache, keys
+        assert buffer() is None
+    finally:
+        gc.enable()
