@@ -143,7 +143,8 @@ def run(before: str | Path, after: str | Path, shapes: list[tuple[int, int]], *,
         before_s, after_s = (statistics.median(by_variant[v]) for v in ("before", "after"))
         seen = checks[case]["before"] | checks[case]["after"]
         rows.append({"case": case, "before_ms": before_s * 1e3, "after_ms": after_s * 1e3,
-                     "after_min_max": f"{min(by_variant['after']) * 1e3:.1f}-{max(by_variant['after']) * 1e3:.1f}",
+                     **{f"{v}_min_max": f"{min(by_variant[v]) * 1e3:.1f}-{max(by_variant[v]) * 1e3:.1f}"
+                        for v in ("before", "after")},
                      "ratio": before_s / after_s, "identical": len(seen) == 1})
     return {"experiment": "refactor", "before": str(sources["before"]), "after": str(sources["after"]),
             "rounds": rounds, "repeats": repeats, "quick": quick, "threads": spec["threads"], "rows": rows}
@@ -153,6 +154,7 @@ def table(result: dict[str, Any]) -> str:
     rows = [{**row, "identical": "identical" if row["identical"] else "DIFFER"} for row in result["rows"]]
     head = (f"before: {result['before']}\nafter:  {result['after']}\n{result['rounds']} rounds x "
             f"{result['repeats']} repeats, {result['threads']} threads; ratio = before median / after median\n")
-    return head + format_table(rows, [("case", "case"), ("before_ms", "before ms"), ("after_ms", "after ms"),
-                                      ("after_min_max", "after min-max"), ("ratio", "speed after/before"),
+    return head + format_table(rows, [("case", "case"), ("before_ms", "before ms"), ("before_min_max", "min-max"),
+                                      ("after_ms", "after ms"), ("after_min_max", "min-max"),
+                                      ("ratio", "speed after/before"),
                                       ("identical", "logits/tokens/losses")])
