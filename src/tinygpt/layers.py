@@ -224,7 +224,7 @@ class MultiHeadAttention(nn.Module):
             q, k = apply_rope(q, *pos.rope), apply_rope(k, *pos.rope)
         if cache is not None:
             k, v = cache.update(pos.start, k, v)  # [B, Hkv, S, hd], S = start + T
-        s = k.shape[2]  # keys before this call's: start with a cache, none without (positions alone shift nothing)
+        s = k.shape[2]  # S = start + T keys with a cache, T without (positions alone let no query see more)
         allowed = causal_mask(s - t, t, s, pos.key_mask, explicit=return_weights, device=x.device)
         groups = self.n_heads // self.n_kv_heads
         if return_weights:
