@@ -122,7 +122,8 @@ def test_convert_both_ways_and_params_of_the_result(tmp_path, capsys):
 def test_convert_and_params_errors(tmp_path, capsys):
     assert main(["convert", "--to-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     _one_line_error(capsys, "not a tinygpt checkpoint")
-    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     _one_line_error(capsys, "config.json is missing")
     _model(20).save_pretrained(tmp_path / "m")
     assert main(["params", "--model", str(tmp_path / "m"), "--qkv-bias"]) == 2
