@@ -250,9 +250,10 @@ def test_hub_name_offline_is_a_clear_error(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ValueError, match="cannot fetch it from the Hugging Face hub") as exc:
+    with pytest.raises(ValueError, match="cannot fetch 'gpt2' from the Hugging Face hub") as exc:
         resolve_hf_source("gpt2", cache_dir=tmp_path)
-    assert "HF_HUB_OFFLINE=1" in str(exc.value) and "config.json + model.safetensors + vocab.json" in str(exc.value)
+    assert "HF_HUB_OFFLINE is set, and it is not in the local cache" in str(exc.value)
+    assert "pass a folder holding config.json + model.safetensors + vocab.json + merges.txt" in str(exc.value)
     with pytest.raises(ValueError, match="neither a directory nor a Hugging Face hub name"):
         resolve_hf_source(str(tmp_path / "no" / "such" / "dir"))
     (tmp_path / "file").write_text("x")
@@ -302,7 +303,7 @@ def test_hub_cached_config_without_weights_offline(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ValueError, match="cannot fetch it from the Hugging Face hub"):
+    with pytest.raises(ValueError, match="cannot fetch 'gpt2' from the Hugging Face hub"):
         import_hf("gpt2")
 
 

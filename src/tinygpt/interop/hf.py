@@ -414,10 +414,12 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
         return directory
 
     def unavailable(reason: str) -> ValueError:
+        offline = reason.startswith("HF_HUB_OFFLINE")
+        advice = "" if offline else "set HF_HUB_OFFLINE=1 to use only the local cache (no network wait), or "
         return ValueError(
-            f"{repo_id!r} is not a local folder, and tinygpt cannot fetch it from the Hugging Face hub ({reason}); "
-            f"set HF_HUB_OFFLINE=1 to use only the local cache, or pass a folder holding config.json + "
-            f"model.safetensors + vocab.json + merges.txt")
+            f"{repo_id!r} is not a local folder, and tinygpt cannot fetch {repo_id!r} from the Hugging Face hub "
+            f"({reason}{', and it is not in the local cache' if offline else ''}); {advice}pass a folder holding "
+            f"config.json + model.safetensors + vocab.json + merges.txt")
 
     try:
         return fetch_all(local_only=True)  # a cached repository needs no network at all
