@@ -153,7 +153,7 @@ def test_convert_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypat
     _one_line_error(capsys, "already holds unrelated files", "--force")
     assert _tree(mine) == {"thesis.tex": b"years of work"}
     assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(mine), "--force"]) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().out == f"wrote {mine}: config.json, model.safetensors\n"  # its own files only
     assert (mine / "thesis.tex").read_text() == "years of work" and (mine / "model.safetensors").is_file()
     # The source itself, a folder inside it, and a checkpoint of the other kind: refused, untouched.
     for out in (tmp_path / "ckpt", tmp_path / "ckpt" / "hf"):

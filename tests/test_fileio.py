@@ -152,21 +152,18 @@ def test_save_into_a_folder_of_unrelated_files_is_refused_and_force_keeps_them(t
 
 
 def test_save_into_another_kind_is_refused(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "prepared.json").write_text("{}")
-    with pytest.raises(OutputError, match="already holds a prepared corpus, not a tinygpt checkpoint"):
-        with save_into(corpus, CHECKPOINT):
-            pass
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8}')
-    with pytest.raises(OutputError, match="already holds a Hugging Face model"):
-        with save_into(hf, CHECKPOINT):
-            pass
-    with pytest.raises(OutputError, match="already holds a Hugging Face model, not a prepared corpus"):
-        with save_into(hf, PREPARED_CORPUS):
-            pass
+    folders = {"corpus": ("prepared.json", "{}"), "hf": ("config.json", '{"model_type": "gpt2", "n_embd": 8}')}
+    for name, (marker, text) in folders.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / marker).write_text(text)
+    cases = [("corpus", CHECKPOINT, "a prepared corpus, not a tinygpt checkpoint"),
+             ("hf", CHECKPOINT, "a Hugging Face model, not a tinygpt checkpoint"),
+             ("hf", PREPARED_CORPUS, "a Hugging Face model, not a prepared corpus")]
+    for name, kind, holds in cases:
+        with pytest.raises(OutputError, match=f"already holds {holds}"):
+            with save_into(tmp_path / name, kind):
+                pytest.fail("the body must not run")
+    corpus, hf = tmp_path / "corpus", tmp_path / "hf"
     assert _siblings(corpus) == ["prepared.json"] and _siblings(hf) == ["config.json"]
 
 

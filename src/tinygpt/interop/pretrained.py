@@ -18,8 +18,9 @@ import torch
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint_tokenizer, load_model, save_model
 from ..fileio import CHECKPOINT, HF_MODEL, check_save_target
 from ..model import GPTModel
-from ..tokenizer import Tokenizer, gpt2_tokenizer, has_tokenizer_files, tokenizer_from_dir
-from .hf import HF_WEIGHT_FILES, export_hf, import_hf, resolve_hf_source
+from ..tokenizer import (HF_TOKENIZER_FILES, TOKENIZER_FILES, Tokenizer, gpt2_tokenizer, has_tokenizer_files,
+                         tokenizer_from_dir)
+from .hf import GENERATION_CONFIG_FILE, HF_WEIGHT_FILES, export_hf, import_hf, resolve_hf_source
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -67,6 +68,11 @@ def _warn(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _written(out: str | Path, names: tuple[str, ...]) -> list[str]:
+    """The files of a conversion in ``out`` (not the other files a folder written with ``overwrite`` keeps)."""
+    return sorted(p.name for p in Path(out).iterdir() if p.name in names)
+
+
 def _weights_size(directory: Path, names: tuple[str, ...]) -> int:
     """Bytes of the first weights file present (the output needs about as much)."""
     return next(((directory / n).stat().st_size for n in names if (directory / n).is_file()), 0)
@@ -98,7 +104,7 @@ def convert_from_hf(source: str | Path, out: str | Path, *, overwrite: bool = Fa
         warn(f"{source} holds no tokenizer (neither tokenizer.json nor vocab.json + merges.txt): {out} has none; "
              f"`tinygpt generate --model {out}` will use {fallback}")
     save_model(model, out, tokenizer=tokenizer, overwrite=overwrite)
-    return sorted(p.name for p in Path(out).iterdir())
+    return _written(out, (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES))
 
 
 def convert_to_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False,
@@ -119,4 +125,4 @@ def convert_to_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = 
         warn(f"{checkpoint}'s char tokenizer has no Hugging Face form: {out} holds the model without a tokenizer")
         tokenizer = None
     export_hf(model, out, tokenizer=tokenizer, overwrite=overwrite, inputs=(checkpoint,))
-    return sorted(p.name for p in Path(out).iterdir())
+    return _written(out, (CONFIG_FILE, *HF_WEIGHT_FILES, GENERATION_CONFIG_FILE, *HF_TOKENIZER_FILES))
