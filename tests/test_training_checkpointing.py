@@ -76,3 +76,18 @@ def test_resume_after_a_kill_inside_a_checkpoint_write_leaves_nothing_behind(tmp
         assert _temporaries(inside_export) == []
     finally:
         torch.set_num_threads(threads)
+
+
+def test_step_folders_get_the_umask_mode(tmp_path):
+    import os
+
+    from tinygpt import GPTModel
+
+    mask = os.umask(0o027)
+    try:
+        path = save_checkpoint(tmp_path / "run", 2, GPTModel(CONFIG), CharTokenizer("abc"), {"step": 2})
+    finally:
+        os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [path, *path.iterdir()]}
+    assert modes == {"step-2": 0o750, "config.json": 0o640, "model.safetensors": 0o640,
+                     "tinygpt_tokenizer.json": 0o640, "training_state.pt": 0o640}

@@ -130,10 +130,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _fsync_tree(root: Path) -> None:
-    for here, _dirs, files in os.walk(root):
+def _finish_tree(root: Path) -> None:
+    """Give every file and folder under ``root`` the umask's mode (writers such as safetensors' create 0600 files)
+    and fsync it."""
+    for here, dirs, files in os.walk(root):
         for name in files:
+            _default_permissions(Path(here) / name, directory=False)
             _fsync_path(Path(here) / name)
+        for name in dirs:
+            _default_permissions(Path(here) / name, directory=True)
         _fsync_path(Path(here))
 
 
@@ -159,7 +164,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     try:
         _default_permissions(tmp, directory=True)
         yield tmp
-        _fsync_tree(tmp)
+        _finish_tree(tmp)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _output_error(err, path) from None
