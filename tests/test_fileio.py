@@ -315,3 +315,16 @@ def test_save_into_files_get_the_umask_mode(tmp_path):
     modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*")}
     assert modes == {"ckpt": 0o750, "ckpt/config.json": 0o640, "ckpt/model.safetensors": 0o640,
                      "ckpt/tokenizer": 0o750, "ckpt/tokenizer/t.json": 0o640}
+
+
+def test_a_save_removes_what_a_killed_save_into_the_same_folder_left(tmp_path):
+    target = tmp_path / "ckpt"
+    with save_into(target, CHECKPOINT) as tmp:
+        _checkpoint_files(tmp)
+    (target / f"{TEMP_PREFIX}save.abc").mkdir()  # the staging folder of a save that was SIGKILLed
+    (target / f"{TEMP_PREFIX}save.abc" / "model.safetensors").write_bytes(b"a full copy")
+    (target / f"{TEMP_PREFIX}config.json.xyz").write_text("half")
+    assert folder_kind(target) is CHECKPOINT
+    with save_into(target, CHECKPOINT) as tmp:
+        _checkpoint_files(tmp)
+    assert _siblings(target) == ["config.json", "model.safetensors"]

@@ -188,6 +188,13 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
 def remove_temporaries(root: str | Path) -> list[Path]:
     """Delete every ``TEMP_PREFIX...`` file or folder under ``root`` (what a killed writer of this module left:
     half-written files, staging folders, folders renamed aside); returns what was removed. Never anything else."""
@@ -199,10 +206,7 @@ def remove_temporaries(root: str | Path) -> list[Path]:
         for name in [*files, *dirs]:
             if is_temporary(name):
                 entry = Path(here) / name
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+                _remove(entry)
                 removed.append(entry)
         dirs[:] = [d for d in dirs if not is_temporary(d)]  # not descended into: already gone
     return removed
@@ -364,13 +368,11 @@ def save_into(directory: str | os.PathLike, kind: FolderKind, *, overwrite: bool
     existing = check_save_target(directory, kind, overwrite=overwrite, inputs=inputs, needed_bytes=needed_bytes,
                                  what=what)
     created = not directory.exists()
-    remove_temporaries_in = directory if not created else None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        if remove_temporaries_in is not None:  # what an earlier, killed save into this folder left behind
-            for entry in directory.iterdir():
-                if is_temporary(entry.name):
-                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        for entry in directory.iterdir():  # what an earlier, killed save into this folder left behind
+            if is_temporary(entry.name):
+                _remove(entry)
         staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}save.", dir=directory))
     except OSError as err:
         raise _output_error(err, directory) from None
