@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tinygpt import GPTConfig, GPTModel, generate_greedy
+from tinygpt.checkpoint import save_model
 from tinygpt.cli import main
 from tinygpt.tokenizer import CharTokenizer, gpt2_tokenizer
 
@@ -144,7 +145,7 @@ def _tree(directory):
 
 def test_convert_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatch):
     tokenizer = CharTokenizer(TEXT)
-    _model(tokenizer.vocab_size).save_pretrained(tmp_path / "ckpt", tokenizer=tokenizer)
+    save_model(_model(tokenizer.vocab_size), tmp_path / "ckpt", tokenizer)
     source = _tree(tmp_path / "ckpt")
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -159,7 +160,7 @@ def test_convert_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypat
     for out in (tmp_path / "ckpt", tmp_path / "ckpt" / "hf"):
         assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(out)]) == 2
         _one_line_error(capsys, "the input")
-    _model(20).save_pretrained(tmp_path / "other")
+    save_model(_model(20), tmp_path / "other")
     other = _tree(tmp_path / "other")
     assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "other")]) == 2
     _one_line_error(capsys, "already holds a tinygpt checkpoint, not a Hugging Face model")
@@ -225,7 +226,7 @@ def test_gpt2_tokenizer_model_exports_for_the_pipeline(tmp_path, gpt2_vocab_dir,
     transformers.logging.set_verbosity_error()
     tokenizer = gpt2_tokenizer(gpt2_vocab_dir)
     model = _model(50257, qkv_bias=True, tie_weights=True)
-    model.save_pretrained(tmp_path / "ckpt", tokenizer=tokenizer)
+    save_model(model, tmp_path / "ckpt", tokenizer)
     assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
     capsys.readouterr()
     assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == 50256
@@ -238,7 +239,7 @@ def test_convert_says_when_a_tokenizer_is_not_carried(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     tokenizer = CharTokenizer(TEXT)
-    _model(tokenizer.vocab_size).save_pretrained(tmp_path / "char", tokenizer=tokenizer)
+    save_model(_model(tokenizer.vocab_size), tmp_path / "char", tokenizer)
     assert main(["convert", "--to-hf", str(tmp_path / "char"), "--out", str(tmp_path / "hf")]) == 0
     err = capsys.readouterr().err
     assert err.startswith("tinygpt convert: warning: ") and "char tokenizer has no Hugging Face form" in err
