@@ -112,3 +112,26 @@ def alignment_model_dir(tmp_path, alignment_tokenizer, alignment_config) -> Path
     path = tmp_path / "base"
     save_model(GPTModel(alignment_config), path, alignment_tokenizer)
     return path
+
+
+@pytest.fixture
+def rename_snapshots(tmp_path, monkeypatch):
+    """``rename_snapshots(root)`` -> a list that fills, at every ``os.replace`` from then on, with a copy of ``root``
+    taken just before the rename: the tree a SIGKILL at that instant would leave on disk."""
+    import os
+    import shutil
+
+    def start(root: Path) -> list[Path]:
+        shots: list[Path] = []
+        real = os.replace
+
+        def snapshot_then_replace(src, dst):
+            shot = tmp_path / "_snapshots" / str(len(shots))
+            shutil.copytree(root, shot, symlinks=True)
+            shots.append(shot)
+            return real(src, dst)
+
+        monkeypatch.setattr(os, "replace", snapshot_then_replace)
+        return shots
+
+    return start

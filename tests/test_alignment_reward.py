@@ -76,3 +76,23 @@ def test_cli_reward_reports_accuracy_and_names_bad_entries(tmp_path, alignment_m
                    '"rejected": ""}\n')
     assert main(["reward", "--model", str(alignment_model_dir), "--data", str(bad)]) == 2
     assert "entry 1: empty response in key 'rejected'" in capsys.readouterr().err
+
+
+def test_save_reward_model_keeps_foreign_files_and_refuses_other_kinds(tmp_path, alignment_tokenizer,
+                                                                        alignment_config):
+    from tinygpt.checkpoint import save_model
+
+    model = RewardModel(GPTModel(alignment_config))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already holds unrelated files, not a tinygpt reward model"):
+        save_reward_model(model, mine, alignment_tokenizer)
+    save_reward_model(model, mine, alignment_tokenizer, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "mine" and (mine / HEAD_FILE).is_file()
+    save_reward_model(model, mine, alignment_tokenizer)  # over a reward model: no flag needed
+    save_model(model.trunk, tmp_path / "plain")
+    with pytest.raises(ValueError, match="already holds a tinygpt checkpoint, not a tinygpt reward model"):
+        save_reward_model(model, tmp_path / "plain")
+    with pytest.raises(ValueError, match="already holds a tinygpt reward model, not a tinygpt checkpoint"):
+        save_model(model.trunk, mine)

@@ -247,3 +247,95 @@ def test_a_hugging_face_folder_is_recognised(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8, "n_layer": 1}))
     with pytest.raises(ValueError, match="holds a Hugging Face model.*convert --from-hf"):
         load_model(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ saving safely
+def _names(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_save_model_never_deletes_a_foreign_file(tmp_path):
+    model = _random_model(CONFIGS[0])
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError, match="already holds unrelated files.*overwrite=True"):
+        save_model(model, out)
+    assert _names(out) == ["notes.txt"]
+    save_model(model, out, overwrite=True)
+    assert _names(out) == ["config.json", "model.safetensors", "notes.txt"]
+    save_model(model, out, CharTokenizer("abc"))  # now a checkpoint: saving over it needs no flag, keeps the file
+    assert _names(out) == ["config.json", "model.safetensors", "notes.txt", "tinygpt_tokenizer.json"]
+    assert (out / "notes.txt").read_text() == "the user's"
+    save_model(model, out)  # without a tokenizer: the old one would pair with the wrong model, so it goes
+    assert _names(out) == ["config.json", "model.safetensors", "notes.txt"]
+    assert load_checkpoint_tokenizer(out) is None
+
+
+def test_save_model_refuses_other_kinds_of_folder(tmp_path):
+    model = _random_model(CONFIGS[0])
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    (hf / "model.safetensors").write_bytes(b"their weights")
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "prepared.json").write_text("{}")
+    (prepared / "tokens.bin").write_bytes(b"\0\0")
+    for folder, kind in ((hf, "a Hugging Face model"), (prepared, "a prepared corpus")):
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        with pytest.raises(ValueError, match=f"already holds {kind}, not a tinygpt checkpoint"):
+            save_model(model, folder)
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_save_model_into_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = _random_model(CONFIGS[0])
+    save_model(model, ".")
+    save_model(model, "sub/ckpt")
+    assert _names(tmp_path) == ["config.json", "model.safetensors", "sub"]
+    assert load_model(".").config == load_model("sub/ckpt").config == CONFIGS[0]
+
+
+def test_a_failed_save_leaves_the_old_checkpoint_and_no_temporary(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    model = _random_model(CONFIGS[0])
+    save_model(model, tmp_path / "ckpt")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(ValueError, match="No space left on device"):
+        save_model(_random_model(CONFIGS[1]), tmp_path / "ckpt")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
+    with pytest.raises(ValueError, match="No space left on device"):
+        save_model(model, tmp_path / "new")
+    assert _names(tmp_path) == ["ckpt"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "umask"), reason="POSIX permission bits")
+def test_every_saved_file_gets_the_umask_mode(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        save_model(_random_model(CONFIGS[0]), tmp_path / "ckpt", CharTokenizer("abc"))
+    finally:
+        os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ckpt").iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644, "tinygpt_tokenizer.json": 0o644}
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_checkpoint_with_the_old_descriptor_name_still_loads_its_tokenizer(tmp_path):
+    model = _random_model(CONFIGS[0])
+    save_model(model, tmp_path, CharTokenizer("abc"))
+    (tmp_path / "tinygpt_tokenizer.json").rename(tmp_path / "tokenizer.json")  # as tinygpt wrote it before
+    tokenizer = load_checkpoint_tokenizer(tmp_path)
+    assert isinstance(tokenizer, CharTokenizer) and tokenizer.chars == ["a", "b", "c"]
+    save_model(model, tmp_path, tokenizer)  # re-saved: the new name only
+    assert _names(tmp_path) == ["config.json", "model.safetensors", "tinygpt_tokenizer.json"]

@@ -122,7 +122,8 @@ def test_convert_both_ways_and_params_of_the_result(tmp_path, capsys):
 def test_convert_and_params_errors(tmp_path, capsys):
     assert main(["convert", "--to-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     _one_line_error(capsys, "not a tinygpt checkpoint")
-    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     _one_line_error(capsys, "config.json is missing")
     save_model(_model(20), tmp_path / "m")
     assert main(["params", "--model", str(tmp_path / "m"), "--qkv-bias"]) == 2
@@ -134,3 +135,114 @@ def test_convert_and_params_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--out", str(tmp_path / "x")])
     _one_line_error(capsys, "one of the arguments --from-hf --to-hf is required")
+
+
+# ------------------------------------------------------------------------------------------------ saving safely
+def _tree(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_convert_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatch):
+    tokenizer = CharTokenizer(TEXT)
+    save_model(_model(tokenizer.vocab_size), tmp_path / "ckpt", tokenizer)
+    source = _tree(tmp_path / "ckpt")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(mine)]) == 2
+    _one_line_error(capsys, "already holds unrelated files", "--force")
+    assert _tree(mine) == {"thesis.tex": b"years of work"}
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(mine), "--force"]) == 0
+    assert capsys.readouterr().out == f"wrote {mine}: config.json, model.safetensors\n"  # its own files only
+    assert (mine / "thesis.tex").read_text() == "years of work" and (mine / "model.safetensors").is_file()
+    # The source itself, a folder inside it, and a checkpoint of the other kind: refused, untouched.
+    for out in (tmp_path / "ckpt", tmp_path / "ckpt" / "hf"):
+        assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(out)]) == 2
+        _one_line_error(capsys, "the input")
+    save_model(_model(20), tmp_path / "other")
+    other = _tree(tmp_path / "other")
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "other")]) == 2
+    _one_line_error(capsys, "already holds a tinygpt checkpoint, not a Hugging Face model")
+    assert main(["convert", "--from-hf", str(mine), "--out", str(mine)]) == 2
+    _one_line_error(capsys, "is the input")
+    (tmp_path / "file").write_text("x")
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "file")]) == 2
+    _one_line_error(capsys, "is an existing file")
+    assert _tree(tmp_path / "ckpt") == source and _tree(tmp_path / "other") == other
+    # `--out .` in an empty working directory works and leaves no temporary; in a full one it is refused.
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", "."]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["config.json", "model.safetensors"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "--from-hf", str(tmp_path / "here"), "--out", "."]) == 2
+    _one_line_error(capsys, "already holds unrelated files")
+
+
+def test_hf_folder_saved_by_current_transformers_keeps_its_tokenizer(tmp_path, capsys):
+    """transformers saves a fast tokenizer as tokenizer.json alone (no vocab.json / merges.txt): generate and
+    convert --from-hf read it; convert --to-hf writes it back so that transformers.pipeline runs as is."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    from tinygpt.tokenizer import BPETokenizer, load_tokenizer
+
+    bpe = BPETokenizer.train([TEXT * 20], vocab_size=300)
+    hf_dir = tmp_path / "hf"
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe.tokenizer, eos_token="<|endoftext|>")
+    fast.save_pretrained(hf_dir)
+    assert not (hf_dir / "vocab.json").exists() and (hf_dir / "tokenizer.json").is_file()
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=bpe.vocab_size, n_positions=32, n_embd=16,
+                                                              n_layer=1, n_head=2)).eval()
+    hf.save_pretrained(hf_dir)
+    prompt = "the lazy fox"
+    ids = fast(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        greedy = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=bpe.eot_id)
+    expected = fast.decode(greedy[0]) + "\n"
+    assert main(["generate", "--model", str(hf_dir), "--prompt", prompt, "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(tmp_path / "ckpt")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert isinstance(load_tokenizer(tmp_path / "ckpt"), BPETokenizer)
+    assert main(["generate", "--model", str(tmp_path / "ckpt"), "--prompt", prompt, "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out == expected
+    # Back to Hugging Face: tokenizer, its config, the generation config and the eos id, with no extra step.
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "back")]) == 0
+    capsys.readouterr()
+    back = tmp_path / "back"
+    assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= {p.name for p in back.iterdir()}
+    assert json.loads((back / "config.json").read_text())["eos_token_id"] == bpe.eot_id
+    assert json.loads((back / "generation_config.json").read_text())["eos_token_id"] == bpe.eot_id
+    pipe = transformers.pipeline("text-generation", model=str(back), device="cpu")
+    out = pipe(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
+    assert out + "\n" == expected
+
+
+def test_gpt2_tokenizer_model_exports_for_the_pipeline(tmp_path, gpt2_vocab_dir, capsys):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    tokenizer = gpt2_tokenizer(gpt2_vocab_dir)
+    model = _model(50257, qkv_bias=True, tie_weights=True)
+    save_model(model, tmp_path / "ckpt", tokenizer)
+    assert main(["convert", "--to-hf", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == 50256
+    pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"), device="cpu")
+    out = pipe("Hello, I am", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert out == _expected(model, tokenizer, "Hello, I am", 4)
+
+
+def test_convert_says_when_a_tokenizer_is_not_carried(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    tokenizer = CharTokenizer(TEXT)
+    save_model(_model(tokenizer.vocab_size), tmp_path / "char", tokenizer)
+    assert main(["convert", "--to-hf", str(tmp_path / "char"), "--out", str(tmp_path / "hf")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("tinygpt convert: warning: ") and "char tokenizer has no Hugging Face form" in err
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    err = capsys.readouterr().err
+    assert "holds no tokenizer" in err and "--tokenizer-dir" in err and err.count("\n") == 1

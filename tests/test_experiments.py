@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,15 @@ def test_cli_user_errors_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["experiment", "nonsense"])
     assert err.value.code == 2
+
+
+def test_a_report_keeps_the_other_files_of_its_folder_and_checks_it_first(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    report = run_layernorm(out=out)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert {p.name for p in out.iterdir()} == {"notes.txt", *(Path(p).name for p in report.files.values())}
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is an existing file, not a folder"):
+        run_layernorm(out=tmp_path / "file")

@@ -252,7 +252,8 @@ def test_hub_name_offline_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="cannot fetch 'gpt2' from the Hugging Face hub") as exc:
         resolve_hf_source("gpt2", cache_dir=tmp_path)
-    assert "pass its path" in str(exc.value)
+    assert "HF_HUB_OFFLINE is set, and it is not in the local cache" in str(exc.value)
+    assert "pass a folder holding config.json + model.safetensors + vocab.json + merges.txt" in str(exc.value)
     with pytest.raises(ValueError, match="neither a directory nor a Hugging Face hub name"):
         resolve_hf_source(str(tmp_path / "no" / "such" / "dir"))
     (tmp_path / "file").write_text("x")
@@ -286,7 +287,8 @@ def test_hub_name_downloads_and_imports(tmp_path, monkeypatch):
     (tmp_path / "model.safetensors").unlink()  # an older repository: only the .bin
     fetched = _fake_hub(monkeypatch, tmp_path)
     ours = import_hf("someone/tiny-gpt2")
-    assert fetched == ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt"]
+    assert fetched == ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt",
+                       "tokenizer.json"]
     idx = _ids(HF_CONFIGS[0].vocab_size)
     with torch.no_grad():
         assert (ours(idx) - hf(idx).logits).abs().max().item() <= 1e-5
@@ -298,5 +300,36 @@ def test_hub_cached_config_without_weights_offline(tmp_path, monkeypatch):
     _saved_hf(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     _fake_hub(monkeypatch, tmp_path, missing_error=LocalEntryNotFoundError)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="cannot fetch 'gpt2' from the Hugging Face hub"):
         import_hf("gpt2")
+
+
+def test_hub_name_without_network_fails_at_once_without_retries(tmp_path, monkeypatch):
+    """No network and no HF_HUB_OFFLINE: one connection attempt decides; huggingface_hub's retry loop never runs."""
+    import socket
+
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    calls = []
+
+    def fake_download(repo_id, filename, local_files_only=False, **kwargs):
+        calls.append(local_files_only)
+        raise LocalEntryNotFoundError(f"{filename} is not cached")
+
+    def no_route(address, timeout=None):
+        assert timeout is not None and timeout <= 5  # bounded, not a default that waits minutes
+        raise OSError(101, "Network is unreachable")
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(socket, "create_connection", no_route)
+    with pytest.raises(ValueError, match="no connection to huggingface.co: Network is unreachable") as exc:
+        resolve_hf_source("gpt2", cache_dir=tmp_path)
+    assert "set HF_HUB_OFFLINE=1" in str(exc.value) and "vocab.json + merges.txt" in str(exc.value)
+    assert calls == [True]  # only the cache was asked; no download was attempted

@@ -112,7 +112,7 @@ def test_gpt2_via_tiktoken_cache_saves_the_files(gpt2_vocab_dir, tmp_path, monke
 
 def test_gpt2_save_load_copies_files(gpt2, tmp_path, monkeypatch):
     gpt2.save(tmp_path / "ckpt")
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["encoder.json", "tokenizer.json", "vocab.bpe"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["encoder.json", "tinygpt_tokenizer.json", "vocab.bpe"]
     monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
     loaded = load_tokenizer(tmp_path / "ckpt")
     assert isinstance(loaded, GPT2Tokenizer) and loaded.source_dir == tmp_path / "ckpt"
@@ -166,15 +166,15 @@ def test_char_needs_text():
 
 
 def test_load_missing_or_invalid(tmp_path):
-    with pytest.raises(ValueError, match="tokenizer.json is missing"):
+    with pytest.raises(ValueError, match="tinygpt_tokenizer.json is missing"):
         load_tokenizer(tmp_path)
-    (tmp_path / "tokenizer.json").write_text("{not json")
+    (tmp_path / "tinygpt_tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot read"):
         load_tokenizer(tmp_path)
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "sentencepiece"}))
+    (tmp_path / "tinygpt_tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "sentencepiece"}))
     with pytest.raises(ValueError, match="unknown tokenizer kind 'sentencepiece'"):
         load_tokenizer(tmp_path)
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "bpe"}))
+    (tmp_path / "tinygpt_tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "bpe"}))
     with pytest.raises(ValueError, match="bpe.json"):
         load_tokenizer(tmp_path)
 

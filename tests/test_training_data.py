@@ -146,3 +146,97 @@ def test_prepare_with_the_gpt2_tokenizer(tmp_path, gpt2_vocab_dir, monkeypatch):
     assert tokens[:2] == [15496, 995]  # "Hello", " world" in GPT-2's vocabulary
     # "A", " second", " document", ".", "\n", then the end-of-text id closing each file
     assert [i for i, t in enumerate(tokens) if t == 50256] == [len(tokens) - 7, len(tokens) - 1]
+
+
+# ------------------------------------------------------------------------------------------------ saving safely
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.fixture
+def no_tokenizing(monkeypatch):
+    """Fails the test if the corpus is read for tokenizing: the checks must come before that work."""
+    import tinygpt.tokenizer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the corpus was tokenized before the output was checked")
+
+    monkeypatch.setattr(tinygpt.tokenizer, "train_tokenizer", refuse)
+
+
+def test_prepare_out_problems_are_one_line_before_any_tokenizing(tmp_path, training_text_file, capsys,
+                                                                 no_tokenizing, monkeypatch):
+    from tinygpt import fileio
+    from tinygpt.cli import main
+
+    data = ["prepare", "--data", str(training_text_file), "--no-progress", "--out"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"emb_dim": 8}))
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (mine, "already holds unrelated files, not a prepared corpus"),
+        (ckpt, "already holds a tinygpt checkpoint, not a prepared corpus"),
+        (tmp_path / "file", "is an existing file, not a folder"),
+        (training_text_file, "is an existing file"),
+        (tmp_path / "file" / "sub", "is a file, so no folder can be made under it"),
+    ]
+    for out, message in cases:
+        assert main([*data, str(out)]) == 2
+        _one_line_error(capsys, message)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.txt").write_text("text in a folder\n")
+    assert main(["prepare", "--data", str(tmp_path / "folder"), "--out", str(tmp_path / "folder" / "p")]) == 2
+    _one_line_error(capsys, "lies inside the input")
+    usage = fileio.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(fileio.shutil, "disk_usage", lambda path: usage._replace(free=10_000))
+    assert main([*data, str(tmp_path / "new")]) == 2
+    _one_line_error(capsys, "free on its disk", "needed")
+    assert (mine / "notes.txt").read_text() == "mine" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "new").exists() and not (tmp_path / "folder" / "p").exists()
+
+
+def test_prepare_force_and_re_prepare_keep_foreign_files(tmp_path, training_text_file, capsys):
+    from tinygpt.cli import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    args = ["prepare", "--data", str(training_text_file), "--no-progress", "--out", str(mine)]
+    assert main([*args, "--tokenizer", "bpe:300", "--force"]) == 0
+    assert sorted(p.name for p in mine.rglob("*")) == ["bpe.json", "notes.txt", "prepared.json",
+                                                       "tinygpt_tokenizer.json", "tokenizer", "tokens.bin"]
+    assert main([*args, "--tokenizer", "char"]) == 0  # over a corpus: no flag needed; the BPE's file goes
+    assert sorted(p.name for p in mine.rglob("*")) == ["notes.txt", "prepared.json", "tinygpt_tokenizer.json",
+                                                       "tokenizer", "tokens.bin"]
+    assert PreparedCorpus.open(mine).header["tokenizer"]["kind"] == "char"
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_prepare_into_the_working_directory(tmp_path, training_text_file, monkeypatch):
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    prepare_corpus([training_text_file], "char", ".", progress=False)
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["prepared.json", "tokenizer", "tokens.bin"]
+
+
+def test_text_that_is_not_utf8_is_refused_with_file_and_offset(tmp_path, capsys):
+    from tinygpt.cli import main
+
+    good = tmp_path / "good.txt"
+    good.write_text("plain text\n" * 50, encoding="utf-8")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(("caf\u00e9 au lait\n" * 3).encode("utf-8") + "na\u00efve\n".encode("latin-1"))
+    offset = len(("caf\u00e9 au lait\n" * 3).encode("utf-8")) + 2
+    for chunk_bytes in (7, 1 << 20):  # the offset is the file's, whichever block the byte falls in
+        with pytest.raises(ValueError, match=f"latin1.txt is not UTF-8 text: byte 0xef at byte offset {offset}"):
+            list(iter_text_chunks(bad, chunk_bytes=chunk_bytes))
+    assert main(["prepare", "--data", str(good), str(bad), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    _one_line_error(capsys, "latin1.txt is not UTF-8 text", f"byte offset {offset}", "iconv")
+    assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ import torch
 
 from tinygpt import GPTConfig
 from tinygpt.checkpoint import load_model
+from tinygpt.fileio import TEMP_PREFIX
 from tinygpt.training import TrainingOptions, list_checkpoints, train
 from tinygpt.training.checkpointing import FAULT_ENV
 
@@ -42,7 +43,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_last_complete(tmp_path, tr
         proc.stderr.close()
 
     assert [s for s, _ in list_checkpoints(run)] == [2]  # step-4 was never completed
-    assert any(p.name.startswith(".step-4.") for p in run.iterdir())  # its half-written temporary is there
+    assert any(p.name.startswith(f"{TEMP_PREFIX}step-4.") for p in run.iterdir())  # its half-written temporary
     settings = dict(data=[str(training_text_file)], config=str(config), max_steps=6, eval_every=2, eval_iters=1,
                     batch_size=2, sample_tokens=4, device="cpu", progress=False)
     threads = torch.get_num_threads()
@@ -55,5 +56,6 @@ def test_sigkill_during_checkpoint_write_resumes_from_last_complete(tmp_path, tr
     assert result.step == 6
     assert all(torch.equal(a, b) for a, b in zip(result.model.parameters(), straight.model.parameters()))
     assert [s for s, _ in list_checkpoints(run)][-1] == 6
-    assert not any(p.name.startswith(".step-") for p in run.iterdir())  # the crash's leftovers are cleaned up
+    leftovers = [p for p in run.rglob("*") if p.name.startswith(".")]
+    assert leftovers == []  # the crash's temporary (and anything nested in it) is cleaned up
     assert load_model(run).config == CONFIG

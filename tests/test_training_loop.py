@@ -155,3 +155,30 @@ def test_bf16_autocast_on_cpu(tmp_path, prepared):
     result = train(options(tmp_path / "run", prepared, max_steps=2, eval_every=2, dtype="bfloat16"))
     assert math.isfinite(result.val_loss)
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # autocast: weights stay float32
+
+
+def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_file, capsys, monkeypatch):
+    """train, sft, reward, dpo, ppo and experiment: an --out that is a file, a folder of unrelated files or a
+    folder of another kind is one line, before any data is read or model loaded (the model paths here do not even
+    exist, so any work would fail differently)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("x")
+    missing = str(tmp_path / "no-such-model")
+    commands = [
+        ["train", "--data", str(training_text_file), "--no-progress"],
+        ["sft", "--model", missing, "--data", missing, "--no-progress"],
+        ["reward", "--model", missing, "--data", missing, "--no-progress"],
+        ["dpo", "--model", missing, "--data", missing, "--no-progress"],
+        ["ppo", "--policy", missing, "--reward", missing, "--data", missing, "--no-progress"],
+    ]
+    for command in commands:
+        for out, message in ((mine, "already holds unrelated files, not a tinygpt run folder"),
+                             (tmp_path / "file", "is an existing file")):
+            assert main([*command, "--out", str(out)]) == 2, command
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and message in err and err.startswith(f"tinygpt {command[0]}: "), err
+    assert main(["experiment", "activations", "--out", str(tmp_path / "file")]) == 2
+    assert "is an existing file" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (tmp_path / "file").read_text() == "x"

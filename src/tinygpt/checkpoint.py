@@ -2,8 +2,9 @@
 
 - ``config.json`` is exactly ``GPTConfig.to_json()``; ``model.safetensors`` holds the persistent state dict. A tied
   head is the token embedding itself, so ``out_head.weight`` is written once, as ``tok_emb.weight``.
-- The directory is assembled beside its target and renamed into place (``fileio.atomic_directory``): a crash
-  mid-write leaves the previous checkpoint complete and loadable.
+- A save goes through ``fileio.save_into``: the files are staged inside the target folder and each is renamed onto
+  its name (``config.json`` last); files the save did not write are kept, and a folder that holds something else (a
+  Hugging Face model, a prepared corpus, unrelated files) is refused unless ``overwrite=True``.
 - Loading is strict and runs no code: safetensors is a JSON header plus raw bytes (no pickle). Every key, shape and
   dtype is checked against the config before anything is copied; any mismatch is a ``ValueError`` naming the file
   and the key. The model is built on the meta device and the loaded tensors are assigned into it
@@ -19,9 +20,9 @@ from typing import Mapping, Sequence
 import torch
 
 from .config import GPTConfig
-from .fileio import atomic_directory, atomic_write_text
+from .fileio import CHECKPOINT, atomic_write_text, save_into
 from .model import GPTModel
-from .tokenizer import DESCRIPTOR, Tokenizer, load_tokenizer
+from .tokenizer import TOKENIZER_FILES, Tokenizer, find_descriptor, load_tokenizer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,10 +37,7 @@ def _expected_shapes(model: GPTModel) -> dict[str, torch.Size]:
     return shapes
 
 
-def save_model(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
-    """Write ``model`` (and ``tokenizer``) as a checkpoint directory, replacing ``directory`` atomically."""
-    from safetensors.torch import save_file
-
+def _check_save_arguments(model: GPTModel, tokenizer: Tokenizer | None) -> None:
     if not isinstance(model, GPTModel):
         raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
@@ -48,18 +46,47 @@ def save_model(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | No
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
+    if model.config.tie_weights and model.out_head.weight.data_ptr() != model.tok_emb.weight.data_ptr():
+        raise ValueError("config.tie_weights is true but out_head.weight is no longer tok_emb.weight; "
+                         "re-tie them (model.out_head.weight = model.tok_emb.weight) before saving")
+
+
+def _state_to_save(model: GPTModel, tokenizer: Tokenizer | None) -> dict[str, torch.Tensor]:
+    """The tensors ``model.safetensors`` holds (CPU, contiguous, a tied head once), after checking the arguments."""
+    _check_save_arguments(model, tokenizer)
     raw = model.state_dict()
     if model.config.tie_weights:
-        if raw[_TIED_KEY].data_ptr() != raw["tok_emb.weight"].data_ptr():
-            raise ValueError("config.tie_weights is true but out_head.weight is no longer tok_emb.weight; "
-                             "re-tie them (model.out_head.weight = model.tok_emb.weight) before saving")
         del raw[_TIED_KEY]  # the same tensor as tok_emb.weight: stored once
-    state = {name: t.detach().to("cpu").contiguous() for name, t in raw.items()}
-    with atomic_directory(directory) as tmp:
-        atomic_write_text(tmp / CONFIG_FILE, model.config.to_json() + "\n")
-        save_file(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
-        if tokenizer is not None:
-            tokenizer.save(tmp)
+    return {name: t.detach().to("cpu").contiguous() for name, t in raw.items()}
+
+
+def write_checkpoint_files(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
+    """Write the checkpoint's files (config, weights, tokenizer) into ``directory``, a folder the caller stages
+    (``fileio.save_into`` or ``fileio.atomic_directory``); ``save_model`` is the user-facing save."""
+    from safetensors.torch import save_file
+
+    state = _state_to_save(model, tokenizer)
+    directory = Path(directory)
+    atomic_write_text(directory / CONFIG_FILE, model.config.to_json() + "\n")
+    save_file(state, directory / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
+    if tokenizer is not None:
+        tokenizer.save(directory)
+
+
+def save_model(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None, *,
+               overwrite: bool = False) -> None:
+    """Write ``model`` (and ``tokenizer``) as a checkpoint in ``directory`` (created if missing).
+
+    Each file is replaced atomically, ``config.json`` last; other files in the folder are kept, and the tokenizer
+    files of an earlier checkpoint there that this one lacks are removed. A folder holding anything but a tinygpt
+    checkpoint or run (a Hugging Face model, a prepared corpus, unrelated files) is an ``OutputError`` unless
+    ``overwrite=True``, which writes the checkpoint's files beside what is there.
+    """
+    _check_save_arguments(model, tokenizer)  # argument errors before anything is created
+    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    with save_into(directory, CHECKPOINT, overwrite=overwrite, replaces=TOKENIZER_FILES, needed_bytes=needed,
+                   what="output folder") as tmp:
+        write_checkpoint_files(model, tmp, tokenizer)
 
 
 def load_config(directory: str | Path) -> GPTConfig:
@@ -166,7 +193,7 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
 
 def load_checkpoint_tokenizer(directory: str | Path) -> Tokenizer | None:
     """The tokenizer saved beside a checkpoint, or None when the checkpoint has none."""
-    if not (Path(directory) / DESCRIPTOR).is_file():
+    if find_descriptor(directory) is None:
         return None
     return load_tokenizer(directory)
 

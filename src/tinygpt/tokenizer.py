@@ -8,8 +8,11 @@
 - ``BPETokenizer``: a byte-level BPE trained with Hugging Face ``tokenizers`` (GPT-2's pre-tokenizer regex and
   byte alphabet, so every string is encodable), with ``<|endoftext|>`` as its only special token.
 
-A tokenizer saved into a directory (beside a checkpoint) writes ``tokenizer.json``, a small descriptor naming its
-kind and any files it needs, and ``load_tokenizer`` reads it back. Nothing is unpickled.
+A tokenizer saved into a directory (beside a checkpoint) writes ``tinygpt_tokenizer.json``, a small descriptor naming
+its kind and any files it needs, and ``load_tokenizer`` reads it back (checkpoints written before this name read
+their ``tokenizer.json`` descriptor the same way). Nothing is unpickled. ``tokenizer.json`` is Hugging Face's name
+for a fast-tokenizer file: ``tokenizer_from_dir`` reads one (a folder saved by current transformers has no other
+tokenizer file) as a ``BPETokenizer``, and ``write_hf_tokenizer`` writes a tokenizer in the form transformers loads.
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ from typing import Any, Iterable, Iterator, Sequence
 from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with
 
 ENDOFTEXT = "<|endoftext|>"
-DESCRIPTOR = "tokenizer.json"
+DESCRIPTOR = "tinygpt_tokenizer.json"
+LEGACY_DESCRIPTOR = "tokenizer.json"  # the descriptor's name before it made room for Hugging Face's file of that name
+HF_TOKENIZER_FILE = "tokenizer.json"  # Hugging Face ``tokenizers``' serialization (transformers' fast tokenizers)
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 HF_GPT2_FILES = ("vocab.json", "merges.txt")  # a Hugging Face GPT-2 folder holds the same two files under these names
 GPT2_VOCAB_ENV = "TINYGPT_GPT2_VOCAB"
 DEFAULT_BPE_VOCAB = 4096
 TOKENIZER_SPECS = ("gpt2", "char", "bpe", "bpe:VOCAB")
+BPE_FILE = "bpe.json"
+# Every file a tinygpt tokenizer may write beside a checkpoint (a later save without them removes them).
+TOKENIZER_FILES = (DESCRIPTOR, LEGACY_DESCRIPTOR, BPE_FILE, *GPT2_FILES)
 
 # The URLs and sha256 values tiktoken_ext.openai_public.gpt2() loads (tiktoken 0.14); used to fetch the two files
 # from tiktoken's cache when a tokenizer that came from get_encoding("gpt2") is saved beside a checkpoint.
@@ -254,7 +262,7 @@ class BPETokenizer(Tokenizer):
     """A byte-level BPE (``tokenizers.Tokenizer``) with ``<|endoftext|>``; decodes its own encodings exactly."""
 
     kind = "bpe"
-    FILE = "bpe.json"
+    FILE = BPE_FILE
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -338,10 +346,28 @@ def train_tokenizer(spec: str, texts: Iterable[str] | str = ()) -> Tokenizer:
     raise ValueError(f"unknown tokenizer spec {spec!r}; {allowed}")
 
 
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Read the tokenizer saved in ``directory`` (its ``tokenizer.json`` and the files it names)."""
+def _is_descriptor(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("format") == "tinygpt-tokenizer"
+
+
+def find_descriptor(directory: str | Path) -> Path | None:
+    """``directory``'s tinygpt tokenizer descriptor: ``tinygpt_tokenizer.json``, or in a checkpoint written before
+    that name, a ``tokenizer.json`` that is a tinygpt descriptor (not Hugging Face's file). None when there is none."""
     directory = Path(directory)
-    path = directory / DESCRIPTOR
+    if (directory / DESCRIPTOR).is_file():
+        return directory / DESCRIPTOR
+    legacy = directory / LEGACY_DESCRIPTOR
+    return legacy if legacy.is_file() and _is_descriptor(legacy) else None
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Read the tokenizer saved in ``directory`` (its ``tinygpt_tokenizer.json`` and the files it names)."""
+    directory = Path(directory)
+    path = find_descriptor(directory) or directory / DESCRIPTOR
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -369,15 +395,60 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; allowed: gpt2, char, bpe")
 
 
+def hf_tokenizer_from_file(path: str | Path) -> BPETokenizer:
+    """A Hugging Face ``tokenizer.json`` (the fast-tokenizer file transformers saves) as a ``BPETokenizer``; it must
+    define ``<|endoftext|>`` (GPT-2's end of text), else a ``ValueError`` says so."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        tokenizer = HFTokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises its own Exception type for any parse failure
+        raise ValueError(f"{path}: cannot load the Hugging Face tokenizer ({err})") from None
+    if tokenizer.token_to_id(ENDOFTEXT) is None:
+        raise ValueError(f"{path}: the tokenizer has no {ENDOFTEXT!r} token, which tinygpt uses as end of text")
+    return BPETokenizer(tokenizer)
+
+
 def tokenizer_from_dir(directory: str | Path) -> Tokenizer:
-    """A tokenizer saved by tinygpt (``tokenizer.json`` descriptor) or, failing that, GPT-2's from the files there."""
+    """The tokenizer of a folder: tinygpt's own (its descriptor), else Hugging Face's ``tokenizer.json``, else GPT-2's
+    from encoder.json + vocab.bpe or vocab.json + merges.txt."""
     directory = Path(directory)
-    descriptor = directory / DESCRIPTOR
-    if descriptor.is_file():
-        try:
-            is_ours = json.loads(descriptor.read_text(encoding="utf-8")).get("format") == "tinygpt-tokenizer"
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            is_ours = False  # e.g. a Hugging Face fast-tokenizer file of the same name
-        if is_ours:
-            return load_tokenizer(directory)
+    if find_descriptor(directory) is not None:
+        return load_tokenizer(directory)
+    if (directory / HF_TOKENIZER_FILE).is_file() and not all((directory / n).is_file() for n in HF_GPT2_FILES):
+        return hf_tokenizer_from_file(directory / HF_TOKENIZER_FILE)
     return gpt2_tokenizer(directory)
+
+
+def has_tokenizer_files(directory: str | Path) -> bool:
+    """True when ``tokenizer_from_dir`` has files to read in ``directory`` (it may still find them invalid)."""
+    directory = Path(directory)
+    return (find_descriptor(directory) is not None or (directory / HF_TOKENIZER_FILE).is_file()
+            or any(all((directory / n).is_file() for n in names) for names in (GPT2_FILES, HF_GPT2_FILES)))
+
+
+# Files a Hugging Face folder's tokenizer consists of (``write_hf_tokenizer`` writes them; an export over an older
+# export removes those it does not write again).
+HF_TOKENIZER_FILES = (HF_TOKENIZER_FILE, *HF_GPT2_FILES, "tokenizer_config.json", "special_tokens_map.json")
+
+
+def write_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, model_max_length: int) -> list[str]:
+    """Write ``tokenizer`` in the form ``transformers.AutoTokenizer`` loads: GPT-2's as vocab.json + merges.txt, a
+    trained BPE as tokenizer.json; both with tokenizer_config.json naming the end-of-text token. Returns the names
+    written. A character tokenizer has no such form: ``ValueError``."""
+    directory = Path(directory)
+    if isinstance(tokenizer, GPT2Tokenizer):
+        tokenizer.write_files(directory, HF_GPT2_FILES)
+        config = {"tokenizer_class": "GPT2Tokenizer"}
+        names = [*HF_GPT2_FILES]
+    elif isinstance(tokenizer, BPETokenizer):
+        atomic_write_text(directory / HF_TOKENIZER_FILE, tokenizer.tokenizer.to_str())
+        config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        names = [HF_TOKENIZER_FILE]
+    else:
+        raise ValueError(f"a {tokenizer.kind} tokenizer has no Hugging Face form (only GPT-2's and a trained BPE do)")
+    # GPT-2's convention: <|endoftext|> is bos, eos and unk at once; no prefix space, so decode(encode(s)) == s.
+    config.update(bos_token=ENDOFTEXT, eos_token=ENDOFTEXT, unk_token=ENDOFTEXT, add_prefix_space=False,
+                  model_max_length=model_max_length, clean_up_tokenization_spaces=False)
+    atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    return [*names, "tokenizer_config.json"]

@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..checkpoint import load_model
-from ..fileio import atomic_write_text
+from ..fileio import RUN, atomic_write_text, check_save_target
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import batch_for_step, batches_per_epoch, split_indices
@@ -81,6 +81,8 @@ class FinetuneOptions:
             raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction={self.val_fraction!r} must be in [0, 1)")
+        # Every stage calls this first: the run folder is checked before the model is even loaded.
+        check_save_target(self.out_dir, RUN)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import load_checkpoint_tokenizer, load_model, save_model
-from ..fileio import atomic_directory, atomic_write_with
+from ..checkpoint import load_checkpoint_tokenizer, load_model, write_checkpoint_files
+from ..fileio import REWARD_MODEL, atomic_write_with, save_into
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
@@ -84,12 +84,17 @@ def _head_state(head: nn.Linear) -> dict[str, torch.Tensor]:
     return {"weight": head.weight.detach().cpu().contiguous(), "bias": head.bias.detach().cpu().contiguous()}
 
 
-def save_reward_model(model: RewardModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
-    """Trunk (``save_model``) + ``reward_head.safetensors`` in one atomically replaced directory."""
+def save_reward_model(model: RewardModel, directory: str | Path, tokenizer: Tokenizer | None = None, *,
+                      overwrite: bool = False) -> None:
+    """Trunk (a checkpoint's files) + ``reward_head.safetensors``, saved as ``save_model`` saves (``fileio.save_into``:
+    each file atomically, other files kept, a folder of another kind refused unless ``overwrite``)."""
     from safetensors.torch import save_file
 
-    with atomic_directory(directory) as tmp:
-        save_model(model.trunk, tmp, tokenizer)
+    from ..tokenizer import TOKENIZER_FILES
+
+    with save_into(directory, REWARD_MODEL, overwrite=overwrite, replaces=TOKENIZER_FILES,
+                   what="output folder") as tmp:
+        write_checkpoint_files(model.trunk, tmp, tokenizer)
         save_file(_head_state(model.head), tmp / HEAD_FILE, metadata={"producer": "tinygpt", "kind": "reward-head"})
 
 

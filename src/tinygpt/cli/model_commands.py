@@ -172,13 +172,20 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     direction = p.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="DIR|HUBNAME", help="import a Hugging Face GPT-2 folder or hub name")
     direction.add_argument("--to-hf", metavar="DIR", help="export a tinygpt checkpoint for transformers")
-    p.add_argument("--out", required=True, metavar="DIR", help="the directory to write (replaced atomically)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the directory to write (each file replaced atomically; "
+                                                             "other files kept)")
+    p.add_argument("--force", action="store_true", help="write into a folder that holds other files or another kind "
+                                                        "of model (its files are kept; same-named ones replaced)")
     p.set_defaults(run=_run_convert)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from ..interop.pretrained import convert_from_hf, convert_to_hf
 
-    files = convert_from_hf(args.from_hf, args.out) if args.from_hf else convert_to_hf(args.to_hf, args.out)
+    def warn(message: str) -> None:
+        print(f"tinygpt convert: warning: {message}", file=sys.stderr)
+
+    convert, source = (convert_from_hf, args.from_hf) if args.from_hf else (convert_to_hf, args.to_hf)
+    files = convert(source, args.out, overwrite=args.force, warn=warn)
     print(f"wrote {args.out}: {', '.join(files)}")
     return 0

@@ -21,6 +21,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-fraction", type=float, default=0.1,
                    help="the last fraction of the tokens held out for validation (default: 0.1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
     p.set_defaults(run=_run_prepare)
 
 
@@ -28,7 +29,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     from ..training import prepare_corpus
 
     corpus = prepare_corpus(args.data, args.tokenizer, args.out, val_fraction=args.val_fraction,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, overwrite=args.force)
     h = corpus.header
     print(f"{args.out}: {h['total_tokens']:,} tokens ({h['train_tokens']:,} train / {h['val_tokens']:,} val) from "
           f"{len(h['sources'])} file(s), {h['total_bytes']:,} bytes; tokenizer {h['tokenizer']['spec']} "

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..fileio import atomic_write_with
+from ..fileio import atomic_write_with, check_output_dir
 
 DEFAULT_ROOT = Path("runs") / "experiments"
 
@@ -34,8 +34,7 @@ class ExperimentReport:
 def output_dir(name: str, out: str | Path | None) -> Path:
     """``out`` or ``runs/experiments/NAME`` (relative to the working directory), created if missing."""
     path = DEFAULT_ROOT / name if out is None else Path(out)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} exists and is not a directory")
+    check_output_dir(path)  # not a file, writable, room on its disk: before the experiment runs
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -28,7 +28,7 @@ import torch
 
 from ..config import GPTConfig
 from ..model import GPTModel
-from ..tokenizer import HF_GPT2_FILES, GPT2Tokenizer, Tokenizer
+from ..tokenizer import HF_GPT2_FILES, HF_TOKENIZER_FILE, HF_TOKENIZER_FILES, Tokenizer, write_hf_tokenizer
 
 _NORMS = {"ln_1": "norm1", "ln_2": "norm2"}
 _LINEARS = {"attn.c_attn": "att.qkv", "attn.c_proj": "att.out_proj", "mlp.c_fc": "ff.layers.0", "mlp.c_proj": "ff.layers.2"}
@@ -150,8 +150,10 @@ def hf_config_to_tinygpt(hf: dict[str, Any], source: str | Path = "config.json")
         raise ValueError(f"{source}: {err}") from None
 
 
-def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
-    """``GPTConfig`` -> a ``GPT2Config`` dict. Fields GPT-2 has no equivalent for must hold their defaults."""
+def tinygpt_config_to_hf(config: GPTConfig, eos_token_id: int | None = None) -> dict[str, Any]:
+    """``GPTConfig`` -> a ``GPT2Config`` dict. Fields GPT-2 has no equivalent for must hold their defaults.
+
+    ``eos_token_id`` (the tokenizer's end of text; default 50256 for a 50,257-token model) is also GPT-2's bos."""
     if not config.pre_ln:
         raise ValueError("GPT-2 is pre-LN: a post-LN model (pre_ln=False) cannot be exported as GPT2LMHeadModel")
     handled = {"vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "drop_rate_emb",
@@ -161,7 +163,7 @@ def tinygpt_config_to_hf(config: GPTConfig) -> dict[str, Any]:
             raise ValueError(
                 f"{f.name}={getattr(config, f.name)!r} has no GPT-2 equivalent (GPT-2 needs {f.default!r})"
             )
-    eot = 50256 if config.vocab_size == 50257 else None
+    eot = eos_token_id if eos_token_id is not None else 50256 if config.vocab_size == 50257 else None
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.emb_dim,
@@ -310,31 +312,44 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
     return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 
 
-def export_hf(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def export_hf(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | None = None, *,
+              overwrite: bool = False, inputs: tuple[str | Path, ...] = ()) -> None:
     """Write ``model`` as a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads exactly.
 
     ``config.json`` + ``model.safetensors`` (``transformer.``-prefixed names, Conv1D layout, ``lm_head.weight`` only
-    when untied), the directory written atomically. A model without QKV bias gets zero biases (the same function).
-    A GPT-2 ``tokenizer`` adds ``vocab.json`` + ``merges.txt``; other tokenizers have no GPT-2 form: ValueError.
+    when untied). A model without QKV bias gets zero biases (the same function). A GPT-2 or BPE ``tokenizer`` adds
+    its files in Hugging Face's form (``tokenizer.write_hf_tokenizer``) and its end-of-text id becomes the eos of
+    config.json and generation_config.json, so ``transformers.pipeline("text-generation", model=directory)`` runs
+    as is; a character tokenizer has no such form: ``ValueError``. Saved by ``fileio.save_into``: a folder holding
+    anything but a Hugging Face model is refused unless ``overwrite``; ``inputs`` (the source) may not contain it.
     """
     from safetensors.torch import save_file
 
-    from ..fileio import atomic_directory, atomic_write_text
+    from ..fileio import HF_MODEL, atomic_write_text, save_into
 
     if not isinstance(model, GPTModel):
         raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
-    if tokenizer is not None and not isinstance(tokenizer, GPT2Tokenizer):
-        raise ValueError(f"a {tokenizer.kind} tokenizer cannot be written as GPT-2's vocab.json + merges.txt")
-    hf_config = tinygpt_config_to_hf(model.config)
+    if tokenizer is not None and tokenizer.kind == "char":
+        raise ValueError("a char tokenizer has no Hugging Face form (only GPT-2's and a trained BPE do)")
+    eos = tokenizer.eot_id if tokenizer is not None else None
+    hf_config = tinygpt_config_to_hf(model.config, eos_token_id=eos)
     ours = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
     state = {name: t.contiguous() for name, t in tinygpt_to_gpt2(ours, model.config).items()}
     if model.config.tie_weights:
         del state["lm_head.weight"]  # the same tensor as wte: written once, HF re-ties it on load
-    with atomic_directory(directory) as tmp:
+    needed = sum(t.numel() * t.element_size() for t in state.values())
+    with save_into(directory, HF_MODEL, overwrite=overwrite, inputs=inputs, needed_bytes=needed,
+                   replaces=(*HF_TOKENIZER_FILES, GENERATION_CONFIG_FILE), what="output folder") as tmp:
         atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         if tokenizer is not None:
-            tokenizer.write_files(tmp, HF_GPT2_FILES)
+            write_hf_tokenizer(tokenizer, tmp, model_max_length=model.config.context_length)
+        if hf_config["eos_token_id"] is not None:
+            ids = {k: hf_config["eos_token_id"] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+            atomic_write_text(tmp / GENERATION_CONFIG_FILE, json.dumps(ids, indent=2) + "\n")
 
 
 def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None) -> Path:
@@ -348,14 +363,40 @@ def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None
     return _download_from_hub(name, cache_dir)
 
 
+_HUB_PROBE_SECONDS = 3.0
+
+
+def _hub_unreachable() -> str | None:
+    """Why the hub cannot be reached (offline mode, no route, no DNS), or None when a connection opens at once.
+
+    huggingface_hub retries a dead network five times with backoff (tens of seconds); one short connection attempt
+    tells the same thing now."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=_HUB_PROBE_SECONDS).close()
+    except OSError as err:
+        return f"no connection to {url.hostname}: {err.strerror or err}"
+    return None
+
+
 def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
-    from huggingface_hub import hf_hub_download
+    """The folder of ``repo_id``'s files: from the local HF cache when it holds them, else downloaded."""
+    import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    def fetch(filename: str) -> Path:
-        return Path(hf_hub_download(repo_id, filename, cache_dir=cache_dir))
+    def fetch_all(local_only: bool) -> Path:
+        def fetch(filename: str) -> Path:
+            return Path(huggingface_hub.hf_hub_download(repo_id, filename, cache_dir=cache_dir,
+                                                        local_files_only=local_only))
 
-    try:
         directory = fetch("config.json").parent
         for weights in HF_WEIGHT_FILES:
             try:
@@ -365,20 +406,34 @@ def _download_from_hub(repo_id: str, cache_dir: str | Path | None) -> Path:
                 raise
             except EntryNotFoundError:  # the repository has no such file: try the next format
                 continue
-        for optional in HF_GPT2_FILES:
+        for optional in (*HF_GPT2_FILES, HF_TOKENIZER_FILE):
             try:
                 fetch(optional)
             except EntryNotFoundError:  # absent, or offline and not cached: the tokenizer is optional
                 pass
+        return directory
+
+    def unavailable(reason: str) -> ValueError:
+        offline = reason.startswith("HF_HUB_OFFLINE")
+        advice = "" if offline else "set HF_HUB_OFFLINE=1 to use only the local cache (no network wait), or "
+        return ValueError(
+            f"{repo_id!r} is not a local folder, and tinygpt cannot fetch {repo_id!r} from the Hugging Face hub "
+            f"({reason}{', and it is not in the local cache' if offline else ''}); {advice}pass a folder holding "
+            f"config.json + model.safetensors + vocab.json + merges.txt")
+
+    try:
+        return fetch_all(local_only=True)  # a cached repository needs no network at all
+    except Exception:  # not (wholly) cached: huggingface_hub raises several unrelated types
+        pass
+    reason = _hub_unreachable()
+    if reason is not None:
+        raise unavailable(reason) from None
+    try:
+        return fetch_all(local_only=False)
     except RepositoryNotFoundError:
         raise ValueError(f"{repo_id!r} is not a local directory nor a repository on the Hugging Face hub") from None
-    except Exception as err:  # no network / offline mode: huggingface_hub raises several unrelated types
-        raise ValueError(
-            f"{repo_id!r} is not a local directory, and tinygpt cannot fetch {repo_id!r} from the Hugging Face hub "
-            f"(offline, and not in the local cache: {type(err).__name__}); go online once, or download the folder "
-            f"(config.json + model.safetensors) elsewhere and pass its path"
-        ) from None
-    return directory
+    except Exception as err:  # a network that failed midway: huggingface_hub raises several unrelated types
+        raise unavailable(type(err).__name__) from None
 
 
 # The Llama converter (RMSNorm, SwiGLU, RoPE, GQA) lives in its own module; these names make it reachable from here.

@@ -1,21 +1,26 @@
 """One entry point for "a model to run": a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name.
 
 Used by ``tinygpt generate`` and ``tinygpt convert``. The tokenizer comes, in this order, from an explicit
-directory, the checkpoint's own saved tokenizer, the Hugging Face folder's vocab.json + merges.txt, and finally
-(for a 50,257-token model) ``gpt2_tokenizer()`` (``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache).
+directory, the checkpoint's own saved tokenizer, the Hugging Face folder's tokenizer (vocab.json + merges.txt, or
+the tokenizer.json current transformers saves alone), and finally (for a 50,257-token model) ``gpt2_tokenizer()``
+(``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache). A conversion that cannot carry a tokenizer says so through ``warn``.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from ..checkpoint import CONFIG_FILE, load_checkpoint_tokenizer, load_model, save_model
+from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint_tokenizer, load_model, save_model
+from ..fileio import CHECKPOINT, HF_MODEL, check_save_target
 from ..model import GPTModel
-from ..tokenizer import HF_GPT2_FILES, GPT2Tokenizer, Tokenizer, gpt2_tokenizer, tokenizer_from_dir
-from .hf import export_hf, import_hf, resolve_hf_source
+from ..tokenizer import (HF_TOKENIZER_FILES, TOKENIZER_FILES, Tokenizer, gpt2_tokenizer, has_tokenizer_files,
+                         tokenizer_from_dir)
+from .hf import GENERATION_CONFIG_FILE, HF_WEIGHT_FILES, export_hf, import_hf, resolve_hf_source
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -46,7 +51,7 @@ def load_pretrained(
     else:
         directory = resolve_hf_source(source)
         model = import_hf(directory, device=device, dtype=dtype)
-        if tokenizer_dir is None and all((directory / name).is_file() for name in HF_GPT2_FILES):
+        if tokenizer_dir is None and has_tokenizer_files(directory):
             tokenizer = tokenizer_from_dir(directory)
     if tokenizer_dir is not None:
         tokenizer = tokenizer_from_dir(tokenizer_dir)
@@ -59,25 +64,65 @@ def load_pretrained(
     return model, tokenizer
 
 
-def convert_from_hf(source: str | Path, out: str | Path) -> list[str]:
-    """A Hugging Face GPT-2 folder or hub name -> a tinygpt checkpoint in ``out`` (with its GPT-2 tokenizer files
-    when the folder has vocab.json + merges.txt). Returns the names of the files written."""
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def _written(out: str | Path, names: tuple[str, ...]) -> list[str]:
+    """The files of a conversion in ``out`` (not the other files a folder written with ``overwrite`` keeps)."""
+    return sorted(p.name for p in Path(out).iterdir() if p.name in names)
+
+
+def _weights_size(directory: Path, names: tuple[str, ...]) -> int:
+    """Bytes of the first weights file present (the output needs about as much)."""
+    return next(((directory / n).stat().st_size for n in names if (directory / n).is_file()), 0)
+
+
+def convert_from_hf(source: str | Path, out: str | Path, *, overwrite: bool = False,
+                    warn: Callable[[str], None] = _warn) -> list[str]:
+    """A Hugging Face GPT-2 folder or hub name -> a tinygpt checkpoint in ``out``, with the folder's tokenizer
+    (vocab.json + merges.txt, or a lone tokenizer.json). Returns the names of the files written. A folder without a
+    usable tokenizer is converted without one, and ``warn`` says what ``generate`` will need.
+
+    ``out`` is checked before the model is read (``fileio.check_save_target``): not a file, writable, room on its
+    disk, not the source, and not a folder of another kind unless ``overwrite``."""
+    local = Path(source).is_dir()
+    check_save_target(out, CHECKPOINT, overwrite=overwrite, inputs=[source] if local else [],
+                      needed_bytes=_weights_size(Path(source), HF_WEIGHT_FILES) if local else 0, what="--out")
     directory = resolve_hf_source(source)
     model = import_hf(directory)
     tokenizer = None
-    if all((directory / name).is_file() for name in HF_GPT2_FILES):
-        tokenizer = tokenizer_from_dir(directory)
-    save_model(model, out, tokenizer=tokenizer)
-    return sorted(p.name for p in Path(out).iterdir())
+    if has_tokenizer_files(directory):
+        try:
+            tokenizer = tokenizer_from_dir(directory)
+        except ValueError as err:
+            warn(f"the tokenizer of {source} is not carried over ({err}); `tinygpt generate --model {out}` will need "
+                 f"--tokenizer-dir DIR")
+    else:
+        fallback = ("GPT-2's (from $TINYGPT_GPT2_VOCAB or tiktoken's cache)" if model.config.vocab_size == GPT2_VOCAB_SIZE
+                    else "--tokenizer-dir DIR")
+        warn(f"{source} holds no tokenizer (neither tokenizer.json nor vocab.json + merges.txt): {out} has none; "
+             f"`tinygpt generate --model {out}` will use {fallback}")
+    save_model(model, out, tokenizer=tokenizer, overwrite=overwrite)
+    return _written(out, (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES))
 
 
-def convert_to_hf(checkpoint: str | Path, out: str | Path) -> list[str]:
-    """A tinygpt checkpoint -> a folder ``transformers.GPT2LMHeadModel.from_pretrained`` loads (plus vocab.json +
-    merges.txt when the checkpoint carries the GPT-2 tokenizer; a char or BPE tokenizer has no GPT-2 form and is
-    not written). Returns the names of the files written."""
+def convert_to_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False,
+                  warn: Callable[[str], None] = _warn) -> list[str]:
+    """A tinygpt checkpoint -> a folder ``transformers.GPT2LMHeadModel.from_pretrained`` loads, with the
+    checkpoint's GPT-2 or BPE tokenizer in Hugging Face's form (so ``transformers.pipeline`` runs on it as is). A
+    char tokenizer has no such form: the model is exported without it and ``warn`` says so. Returns the names of the
+    files written. ``out`` is checked first, as for ``convert_from_hf``."""
     if not is_tinygpt_checkpoint(checkpoint):
         raise ValueError(f"{checkpoint} is not a tinygpt checkpoint (no config.json with tinygpt's fields)")
+    check_save_target(out, HF_MODEL, overwrite=overwrite, inputs=[checkpoint],
+                      needed_bytes=_weights_size(Path(checkpoint), (WEIGHTS_FILE,)), what="--out")
     model = load_model(checkpoint)
     tokenizer = load_checkpoint_tokenizer(checkpoint)
-    export_hf(model, out, tokenizer=tokenizer if isinstance(tokenizer, GPT2Tokenizer) else None)
-    return sorted(p.name for p in Path(out).iterdir())
+    if tokenizer is None:
+        warn(f"{checkpoint} has no tokenizer: {out} has none either (transformers will need one from elsewhere)")
+    elif tokenizer.kind == "char":
+        warn(f"{checkpoint}'s char tokenizer has no Hugging Face form: {out} holds the model without a tokenizer")
+        tokenizer = None
+    export_hf(model, out, tokenizer=tokenizer, overwrite=overwrite, inputs=(checkpoint,))
+    return _written(out, (CONFIG_FILE, *HF_WEIGHT_FILES, GENERATION_CONFIG_FILE, *HF_TOKENIZER_FILES))

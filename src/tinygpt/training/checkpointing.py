@@ -6,7 +6,9 @@ torch / numpy / Python, the data sampler's position and the run's settings. That
 Python values, so it loads with ``torch.load(weights_only=True)`` -- no pickle of arbitrary objects.
 
 The whole folder is assembled in a temporary sibling and renamed into place (``fileio.atomic_directory``): a crash
-at any instant leaves every ``step-N/`` either complete or absent, so resume never sees half a checkpoint.
+at any instant leaves every ``step-N/`` either complete or absent, so resume never sees half a checkpoint. What a
+crash leaves instead -- the temporary, or an older folder renamed aside -- carries ``fileio.TEMP_PREFIX`` like every
+temporary of ``fileio``, and ``remove_partial_checkpoints`` deletes exactly those.
 """
 
 from __future__ import annotations
@@ -23,14 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model
-from ..fileio import atomic_directory, atomic_write_with
+from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model, write_checkpoint_files
+from ..fileio import atomic_directory, atomic_write_with, remove_temporaries
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 
 STATE_FILE = "training_state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_PARTIAL_DIR = re.compile(r"^\.step-\d+\..*\.tmp$")  # fileio.atomic_directory's temporaries of a step-N/
 # Test hook: when this names a step, the process pauses (for SLEEP_SECONDS) in the middle of writing that step's
 # checkpoint -- model files written, state not yet, folder not yet renamed -- so a test can SIGKILL it exactly there.
 FAULT_ENV = "TINYGPT_PAUSE_IN_CHECKPOINT_WRITE"
@@ -72,7 +73,7 @@ def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokeni
     """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path."""
     target = step_dir(run_dir, step)
     with atomic_directory(target) as tmp:
-        save_model(model, tmp, tokenizer)
+        write_checkpoint_files(model, tmp, tokenizer)
         if os.environ.get(FAULT_ENV) == str(step):
             print(f"[{FAULT_ENV}] pausing inside the write of {target.name}", file=sys.stderr, flush=True)
             time.sleep(_FAULT_SLEEP_SECONDS)
@@ -133,13 +134,11 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
     return found[-1][1]
 
 
-def remove_partial_checkpoints(run_dir: Path) -> None:
-    """Delete the temporary folders a crash left behind mid-write (never a complete ``step-N/``)."""
-    run_dir = Path(run_dir)
-    if run_dir.is_dir():
-        for child in run_dir.iterdir():
-            if child.is_dir() and _PARTIAL_DIR.match(child.name):
-                shutil.rmtree(child, ignore_errors=True)
+def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
+    """Delete what a killed write left anywhere in ``run_dir`` (``fileio.remove_temporaries``: every entry named
+    ``fileio.TEMP_PREFIX...``, the one rule all of fileio's writers name their temporaries by); never a complete
+    ``step-N/`` nor any other file. Returns what was removed."""
+    return remove_temporaries(run_dir)
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int, keep: set[int] = frozenset()) -> None:
@@ -153,13 +152,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, keep: set[int] = frozenset(
 
 def export_model_files(model: GPTModel, tokenizer: Tokenizer | None, run_dir: Path) -> None:
     """Put ``model``'s checkpoint files (config, weights, tokenizer) directly into ``run_dir``, which also holds
-    the run's other files. Each file is replaced atomically, the config last; a run's config and tokenizer never
-    change (resume checks them), so a crash between two replacements still leaves a matching set."""
-    run_dir = Path(run_dir)
-    staging = run_dir / ".final-model"
-    save_model(model, staging, tokenizer)
-    names = sorted(p.name for p in staging.iterdir())
-    names.sort(key=lambda name: name == CONFIG_FILE)
-    for name in names:
-        os.replace(staging / name, run_dir / name)
-    shutil.rmtree(staging, ignore_errors=True)
+    the run's other files (``save_model``: each file replaced atomically, the config last; a run's config and
+    tokenizer never change -- resume checks them -- so a crash between two replacements still leaves a matching
+    set)."""
+    save_model(model, run_dir, tokenizer)

@@ -27,10 +27,15 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..tokenizer import TOKENIZER_FILES
+
 HEADER_NAME = "prepared.json"
 TOKENS_NAME = "tokens.bin"
 TOKENIZER_DIR = "tokenizer"
 FORMAT = "tinygpt-tokens-v1"
+# The files a prepared corpus consists of beyond its header: a corpus saved over an older one removes those of them
+# it does not write again (a BPE's file when the new tokenizer is char).
+_OWN_FILES = (TOKENS_NAME, *(f"{TOKENIZER_DIR}/{name}" for name in TOKENIZER_FILES))
 _BINARY_PROBE = 8192
 
 
@@ -69,17 +74,31 @@ def _looks_binary(path: Path) -> bool:
 def iter_text_chunks(
     path: Path, chunk_bytes: int = 1 << 20, on_bytes: Callable[[bytes], None] | None = None
 ) -> Iterator[str]:
-    """Decode ``path`` as UTF-8 (bad bytes replaced) in pieces of about ``chunk_bytes``; ``on_bytes`` sees every raw
-    byte block (for hashing and progress). Each piece but the last ends just after a newline that is followed by
-    a non-space character, so no line and no run of blank lines is split between two pieces."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    """Decode ``path`` as UTF-8 in pieces of about ``chunk_bytes``; ``on_bytes`` sees every raw byte block (for
+    hashing and progress). Each piece but the last ends just after a newline that is followed by a non-space
+    character, so no line and no run of blank lines is split between two pieces.
+
+    Bytes that are not UTF-8 are a ``ValueError`` naming the file and the byte offset: replacing them with U+FFFD
+    would train the model on a character the text never had."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     carry = ""
+    offset = 0  # bytes of the file before ``block``
     with open(path, "rb") as f:
         while True:
             block = f.read(chunk_bytes)
             if on_bytes is not None and block:
                 on_bytes(block)
-            text = carry + decoder.decode(block, final=not block)
+            pending = len(decoder.getstate()[0])  # bytes of an unfinished character held from the previous block
+            try:
+                decoded = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as err:
+                position = offset - pending + err.start
+                raise ValueError(
+                    f"{path} is not UTF-8 text: byte 0x{err.object[err.start]:02x} at byte offset {position} "
+                    f"({err.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) or leave it out"
+                ) from None
+            offset += len(block)
+            text = carry + decoded
             if not block:
                 if text:
                     yield text
@@ -159,10 +178,16 @@ def prepare_corpus(
     val_fraction: float = 0.1,
     chunk_bytes: int = 1 << 20,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> PreparedCorpus:
     """Tokenize ``paths`` with ``tokenizer`` ("gpt2" | "char" | "bpe" | "bpe:VOCAB", trained on the same files when
-    it needs training) into ``out_dir`` (written atomically: a failure leaves any old directory untouched)."""
-    from ..fileio import atomic_directory, atomic_write_text
+    it needs training) into ``out_dir``.
+
+    ``out_dir`` is checked before any text is read (``fileio.check_save_target``: not a file, writable, room for the
+    tokens, not inside an input, not a folder of another kind or of unrelated files unless ``overwrite``); the
+    files are then saved by ``fileio.save_into``: a failure leaves an earlier corpus there untouched, and files
+    the corpus does not own are never deleted."""
+    from ..fileio import PREPARED_CORPUS, atomic_write_text, check_save_target, save_into
     from ..tokenizer import train_tokenizer
 
     if not 0.0 < val_fraction < 1.0:
@@ -171,14 +196,17 @@ def prepare_corpus(
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
         raise ValueError(f"the corpus is empty: {len(files)} file(s), 0 bytes")
+    # At most one token per byte, 2 bytes each (uint16) for every vocabulary but a BPE above 65,536.
+    save = dict(overwrite=overwrite, inputs=list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths],
+                needed_bytes=2 * total_bytes, what="--out")
+    check_save_target(out_dir, PREPARED_CORPUS, **save)
 
     tok = train_tokenizer(tokenizer, (t for _, t, _ in _stream(files, chunk_bytes, total_bytes, "tokenizer", progress)
                                       if t is not None))
     dtype = token_dtype(tok.vocab_size)
     out_dir = Path(out_dir)
     sources: list[dict[str, Any]] = []
-    with atomic_directory(out_dir) as tmp:
-        tmp = Path(tmp)
+    with save_into(out_dir, PREPARED_CORPUS, replaces=_OWN_FILES, **save) as tmp:
         counts, file_tokens = 0, 0
         with open(tmp / TOKENS_NAME, "wb") as f:
             for index, text, sha256 in _stream(files, chunk_bytes, total_bytes, "encode", progress):

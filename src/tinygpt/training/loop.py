@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import load_config, load_model
 from ..config import GPTConfig, get_config
-from ..fileio import atomic_write_text
+from ..fileio import RUN, atomic_write_text, check_save_target
 from ..generation import generate
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, load_tokenizer
@@ -104,6 +104,8 @@ class _Run:
         self.ctx = dist_utils.init_distributed(options.device)
         self.run_dir = Path(options.out_dir)
         self.main = self.ctx.is_main
+        if self.main:  # before any work: the run folder is writable, has room, and is not something else's folder
+            check_save_target(self.run_dir, RUN, inputs=[*(options.data or []), *filter(None, [options.prepared])])
         self.min_lr = options.lr / 10 if options.min_lr is None else options.min_lr
 
     def log(self, message: str) -> None:
