@@ -68,12 +68,13 @@ def test_sampling_with_a_seed_repeats(char_model, capsys):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"),
+    (["--temperature", "-1"], "--temperature -1.0 must be"), (["--temperature", "1", "--top-p", "0"], "--top-p 0.0"),
+    (["--temperature", "1", "--top-k", "0"], "--top-k 0 must be an integer >= 1"),
     (["--stop", ""], "--stop"), (["--prompt-file", "/nonexistent/p.txt"], "--prompt-file"),
     (["--overflow", "error", "--max-new-tokens", "40"], "new tokens fit"),
-    (["--overflow", "shift", "--shift-keep", "0"], "shift_keep"),
+    (["--overflow", "shift", "--shift-keep", "0"], "--shift-keep 0"),
     (["--shift-keep", "4"], "--overflow shift only"),
-    (["--overflow", "shift", "--shift-keep", "16", "--max-new-tokens", "20"], "shift_keep=16"),
+    (["--overflow", "shift", "--shift-keep", "16", "--max-new-tokens", "20"], "--shift-keep 16"),
 ])
 def test_bad_options_are_one_line_errors(char_model, capsys, args, fragment):
     path, _, _ = char_model

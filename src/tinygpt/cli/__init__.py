@@ -7,10 +7,12 @@ function that runs it.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from typing import Callable, Sequence
 
-from .common import CommandError, Parser
+from .common import CommandError, Parser, flag_error
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
 from .bench_command import _add_bench
 from .experiment_commands import _add_experiment
@@ -24,19 +26,71 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = Parser(prog="tinygpt", description="A GPT-2-family transformer written from first principles.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"tinygpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for add in COMMANDS:
         add(sub)
+    for command in sub.choices.values():
+        command.set_defaults(parser=command)  # for errors worded with the command's own flags
     return parser
 
 
+def _resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues an interrupted run: the same one with ``--resume auto``."""
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            args.append(arg)
+    return shlex.join(["tinygpt", *args, "--resume", "auto"])
+
+
+def _quiet_closed_stdout() -> None:
+    """After a closed pipe (``tinygpt generate | head``): point stdout at /dev/null so that the interpreter's own
+    final flush finds nothing to complain about."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from ..checks import OptionError
+    from ..training.lifecycle import Interrupted
+    from ..training.optim import Diverged
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `tinygpt`: the command list
+        parser.print_help()
+        return 0
+    name = f"tinygpt {args.command}"
     try:
         return args.run(args)
-    except (CommandError, ValueError, TypeError, FileNotFoundError) as err:
-        print(f"tinygpt {args.command}: error: {err}", file=sys.stderr)
+    except OptionError as err:
+        print(f"{name}: error: {flag_error(args.parser, err)}", file=sys.stderr)
         return 2
+    except (CommandError, ValueError, TypeError, FileNotFoundError) as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        return 2
+    except Diverged as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        return 1
+    except Interrupted as err:
+        print(f"{name}: {err}; resume with: {_resume_command(argv)}", file=sys.stderr)
+        return err.exit_code
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say to it
+        _quiet_closed_stdout()
+        return 141  # 128 + SIGPIPE, what a process killed by the pipe would report
     except KeyboardInterrupt:
+        print(f"\n{name}: aborted (a second interrupt stops at once; files are written atomically, so every "
+              f"checkpoint written is complete)", file=sys.stderr)
         return 130
