@@ -31,10 +31,10 @@ from .batches import batch_for_step, batches_per_epoch, split_indices
 from ..training.checkpointing import (capture_rng_state, load_training_state, prune_checkpoints,
                                       remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
 from ..training.metrics import MetricsLog, plot_losses
-from ..training.lifecycle import (Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
+from ..training.lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
                                    refuse_fresh_start)
 from ..training.limits import check_memory
-from ..training.optim import Diverged, Schedule, build_optimizer, optimizer_step
+from ..training.optim import Schedule, build_optimizer, optimizer_step
 from .options import FinetuneOptions
 
 DEFAULT_SEED = 1337  # a stage without a seed of its own and options without one: the seed of every command

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
-from typing import Callable, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from .common import CommandError, Parser, flag_error
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
@@ -63,16 +65,18 @@ def _quiet_closed_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..checks import OptionError
-    from ..training.lifecycle import Interrupted
-    from ..training.optim import Diverged
+    from ..training.lifecycle import Diverged, Interrupted, Terminated, raise_terminated
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # worded by the command's own parser: `tinygpt train: error: ...`
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # bare `tinygpt`: the command list
         parser.print_help()
         return 0
     name = f"tinygpt {args.command}"
+    previous_sigterm = _on_sigterm(raise_terminated)
     try:
         return args.run(args)
     except OptionError as err:
@@ -90,7 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say to it
         _quiet_closed_stdout()
         return 141  # 128 + SIGPIPE, what a process killed by the pipe would report
-    except KeyboardInterrupt:
-        print(f"\n{name}: aborted (a second interrupt stops at once; files are written atomically, so every "
-              f"checkpoint written is complete)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C (or SIGTERM) outside a training loop, or a second one inside it
+        print(f"\n{name}: stopped at once; every file already written is complete (each is written atomically)",
+              file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
+    finally:
+        _on_sigterm(previous_sigterm)
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM (main thread only; elsewhere Python cannot); returns the previous one."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)

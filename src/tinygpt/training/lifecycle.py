@@ -1,4 +1,4 @@
-"""How a run starts, refuses to start, and stops: shared by pretraining (``training.loop``) and fine-tuning
+"""How a run starts, refuses to start, and stops (torch-free: the command line imports it cheaply): shared by pretraining (``training.loop``) and fine-tuning
 (``alignment.loop``).
 
 - A fresh start into a folder that already holds checkpoints is refused (``refuse_fresh_start``), as is a resume
@@ -7,8 +7,10 @@
 - SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption) are *requests*: ``StopRequests`` notes the first one, the
   loop finishes the step it is in, writes a checkpoint at that step and raises ``Interrupted`` (the command line
   prints one line and exits 128 + the signal number: 130 / 143). A second signal does not wait: it raises
-  ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) at once. Every file is written atomically
+  ``KeyboardInterrupt`` (SIGINT) or ``Terminated`` (SIGTERM, a ``KeyboardInterrupt`` too) at once. Every file is written atomically
   (``tinygpt.fileio``), so stopping mid-write leaves the last complete checkpoint as it was.
+- A non-finite loss or gradient norm stops the run before the update (``Diverged``, raised by
+  ``optim.optimizer_step``; the loop adds which checkpoint is the last good one).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .checkpointing import list_checkpoints
 
 
 def refuse_fresh_start(run_dir: Path) -> None:
     """``ValueError`` when ``run_dir`` already holds ``step-N/`` checkpoints (a fresh run would mix with them)."""
+    from .checkpointing import list_checkpoints
+
     if list_checkpoints(run_dir):
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
                          f"another --out")
@@ -38,8 +41,26 @@ def refuse_finished(step: int, max_steps: int) -> None:
 
 def last_good_checkpoint(run_dir: Path) -> str:
     """What a stopped run keeps, in words (for ``Diverged``)."""
+    from .checkpointing import list_checkpoints
+
     kept = list_checkpoints(run_dir)
     return f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
+
+
+class Diverged(RuntimeError):
+    """The loss or the gradient norm became NaN/inf: the update was not applied (``optimizer_step``).
+
+    ``where`` says what is kept (the run's last good checkpoint), filled in by the loop that knows the run folder."""
+
+    def __init__(self, step: int, loss: float, norm: float, where: str = "") -> None:
+        self.step, self.loss, self.norm, self.where = step, loss, norm, where
+        super().__init__(f"step {step}: the loss is {loss} and the gradient norm {norm} (not finite); stopped before "
+                         f"applying the update{' -- ' + where if where else ''}; try a lower --lr or more "
+                         f"--warmup-steps")
+
+    def kept(self, where: str) -> "Diverged":
+        """The same error, saying what is kept."""
+        return Diverged(self.step, self.loss, self.norm, where)
 
 
 class Interrupted(Exception):
@@ -51,6 +72,16 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
         saved = f"saved {checkpoint}" if checkpoint is not None else "nothing saved"
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} of {max_steps}; {saved}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM where no loop can stop gracefully (or a second one): raised like Ctrl-C's ``KeyboardInterrupt``, so
+    every ``finally`` runs (temporary files are removed); the command line exits 143."""
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: ``Terminated``."""
+    raise Terminated()
 
 
 class StopRequests:
@@ -68,9 +99,7 @@ class StopRequests:
             self.signum = signum
             return
         self._restore()
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

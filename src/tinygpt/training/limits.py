@@ -19,11 +19,10 @@ BYTES_PER_PARAMETER = 16  # float32 weight + gradient + AdamW exp_avg + exp_avg_
 
 
 def parameter_count(config: GPTConfig) -> int:
-    """The model's parameters, counted on the meta device (no memory)."""
-    from ..model import GPTModel
+    """The model's parameters, from the formula (``tinygpt.params``; nothing is built)."""
+    from ..params import count_parameters
 
-    with torch.device("meta"):
-        return GPTModel(config).num_parameters()
+    return count_parameters(config).total
 
 
 def training_bytes(config: GPTConfig, batch_size: int, parameters: int | None = None, shards: int = 1) -> int:
@@ -63,7 +62,8 @@ def check_memory(config: GPTConfig, batch_size: int, device: torch.device, *, sh
         weights = BYTES_PER_PARAMETER * parameters // shards
         activations = (f" + {_gib(needed - weights)} of activations for --batch-size {batch_size} x "
                        f"{config.context_length} tokens" if batch_size else "")
-        hint = "a smaller --batch-size (with --grad-accum for the same batch) or " if batch_size else ""
+        hint = ("" if weights > free or not batch_size
+                else "a smaller --batch-size (with --grad-accum for the same batch) or ")
         raise ValueError(
             f"{what} needs at least {_gib(needed)} on {device} ({parameters:,} parameters x {BYTES_PER_PARAMETER} "
             f"bytes{f' / {shards} shards' if shards > 1 else ''} = {_gib(weights)} for weights, gradients and "

@@ -35,8 +35,9 @@ from .checkpointing import (capture_rng_state, export_model_files, load_training
 from .data import PreparedCorpus, prepare_or_reuse
 from .metrics import MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
 from .limits import check_memory, check_windows
-from .lifecycle import Interrupted, StopRequests, last_good_checkpoint, refuse_finished, refuse_fresh_start
-from .optim import Diverged, Schedule, build_optimizer, optimizer_step
+from .lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
+                        refuse_fresh_start)
+from .optim import Schedule, build_optimizer, optimizer_step
 from .options import DEFAULT_MODEL, TrainingOptions
 
 # The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept.

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .lifecycle import Diverged
+
 
 def build_optimizer(
     model: nn.Module,
@@ -72,22 +74,6 @@ class Schedule:
         value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
         set_lr(optimizer, value)
         return value
-
-
-class Diverged(RuntimeError):
-    """The loss or the gradient norm became NaN/inf: the update was not applied (``optimizer_step``).
-
-    ``where`` says what is kept (the run's last good checkpoint), filled in by the loop that knows the run folder."""
-
-    def __init__(self, step: int, loss: float, norm: float, where: str = "") -> None:
-        self.step, self.loss, self.norm, self.where = step, loss, norm, where
-        super().__init__(f"step {step}: the loss is {loss} and the gradient norm {norm} (not finite); stopped before "
-                         f"applying the update{' -- ' + where if where else ''}; try a lower --lr or more "
-                         f"--warmup-steps")
-
-    def kept(self, where: str) -> "Diverged":
-        """The same error, saying what is kept."""
-        return Diverged(self.step, self.loss, self.norm, where)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: float, grad_clip: float, step: int) -> float:
