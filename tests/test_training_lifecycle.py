@@ -19,7 +19,8 @@ from tinygpt.training import list_checkpoints
 from tinygpt.training.lifecycle import refuse_finished, refuse_fresh_start
 
 CONFIG = {"vocab_size": 24, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# Deprecation warnings are errors here: none may come from tinygpt's own calls.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error::DeprecationWarning,error::FutureWarning"}
 
 
 def _train_args(data: Path, config: Path, out: Path, max_steps: int) -> list[str]:

@@ -78,8 +78,13 @@ def wrap_model(model: nn.Module, ctx: DistContext, *, fsdp: bool = False) -> nn.
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # broadcast_buffers=False: GPTModel has no buffers (its causal mask is built per call): nothing to sync per step.
-    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    # No buffer sync per step: GPTModel has no buffers (its causal mask is built per call). torch 2.13 renamed the
+    # flag (``broadcast_buffers`` is deprecated there); older releases only know the old name.
+    import inspect
+
+    new_name = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
