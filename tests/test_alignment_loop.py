@@ -79,3 +79,13 @@ def test_divergence_is_the_pretraining_error_and_names_the_kept_checkpoint(tmp_p
     with pytest.raises(FinetuneDiverged, match=r"step 4: the loss is nan .* -- the last good checkpoint is .*step-2"):
         run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=6, eval_every=2, progress=False))
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+
+
+def test_bf16_autocast_and_the_device_rule(tmp_path, alignment_tokenizer, alignment_config):
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4)
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=2, eval_every=2, dtype="bfloat16",
+                                              progress=False))
+    assert result.step == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
+    assert next(stage.policy.parameters()).dtype == torch.float32  # autocast: the weights stay float32
+    with pytest.raises(ValueError, match="dtype='fp16' is not allowed; allowed: auto, float32, bfloat16"):
+        run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "x"), dtype="fp16"))

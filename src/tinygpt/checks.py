@@ -44,22 +44,29 @@ def non_negative_int(name: str, value: Any, *, optional: bool = False, note: str
     int_in_range(name, value, 0, None, optional=optional, note=note)
 
 
+def _wanted(kind: str, low: float | None, high: float | None, low_open: bool = False, high_open: bool = False
+            ) -> str:
+    """ "an integer in [1, 8]", "a number > 0", ...: what a range check allows, in words."""
+    if low is not None and high is not None:
+        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{kind} {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{kind} {'<' if high_open else '<='} {high:g}"
+    return kind
+
+
+def _refuse(name: str, value: Any, wanted: str, optional: bool, note: str) -> None:
+    raise OptionError(name, value, f"must be {wanted}{_unset(optional)}{' ' + note if note else ''}")
+
+
 def int_in_range(name: str, value: Any, low: int | None, high: int | None, *, optional: bool = False,
                  note: str = "") -> None:
     """An integer in [low, high] (either bound may be None = unbounded)."""
     if optional and value is None:
         return
-    if low is not None and high is not None:
-        wanted = f"an integer in [{low}, {high}]"
-    elif low is not None:
-        wanted = f"an integer >= {low}"
-    elif high is not None:
-        wanted = f"an integer <= {high}"
-    else:
-        wanted = "an integer"
-    ok = is_int(value) and (low is None or value >= low) and (high is None or value <= high)
-    if not ok:
-        raise OptionError(name, value, f"must be {wanted}{_unset(optional)}{' ' + note if note else ''}")
+    if not (is_int(value) and (low is None or value >= low) and (high is None or value <= high)):
+        _refuse(name, value, _wanted("an integer", low, high), optional, note)
 
 
 def number_in_range(name: str, value: Any, low: float | None = None, high: float | None = None, *,
@@ -68,21 +75,13 @@ def number_in_range(name: str, value: Any, low: float | None = None, high: float
     """A finite-or-infinite number (not NaN) within the bounds; ``low_open`` / ``high_open`` exclude a bound."""
     if optional and value is None:
         return
-    if low is not None and high is not None:
-        wanted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    elif low is not None:
-        wanted = f"a number {'>' if low_open else '>='} {low:g}"
-    elif high is not None:
-        wanted = f"a number {'<' if high_open else '<='} {high:g}"
-    else:
-        wanted = "a number"
     ok = is_number(value) and not math.isnan(value)
     if ok and low is not None:
         ok = value > low if low_open else value >= low
     if ok and high is not None:
         ok = value < high if high_open else value <= high
     if not ok:
-        raise OptionError(name, value, f"must be {wanted}{_unset(optional)}{' ' + note if note else ''}")
+        _refuse(name, value, _wanted("a number", low, high, low_open, high_open), optional, note)
 
 
 def positive_number(name: str, value: Any, *, optional: bool = False, note: str = "") -> None:
