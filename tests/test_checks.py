@@ -28,8 +28,10 @@ def test_each_rule_accepts_and_refuses_with_the_field_and_the_rule(check, good, 
 
 def test_optional_takes_none_and_says_so():
     checks.positive_int("top_k", None, optional=True)
-    with pytest.raises(OptionError, match=r"^top_k=0 must be an integer >= 1 \(or unset\) \(note\)$"):
-        checks.positive_int("top_k", 0, optional=True, note="(note)")
+    with pytest.raises(OptionError, match=r"^top_k=0 must be an integer >= 1 \(or unset\)$"):
+        checks.positive_int("top_k", 0, optional=True)
+    with pytest.raises(OptionError, match=r"^top_k=0 must be an integer >= 1 \(unset: no filter\)$"):
+        checks.positive_int("top_k", 0, optional=True, note="(unset: no filter)")
 
 
 def test_ranges_name_their_bounds():

@@ -57,7 +57,8 @@ def _wanted(kind: str, low: float | None, high: float | None, low_open: bool = F
 
 
 def _refuse(name: str, value: Any, wanted: str, optional: bool, note: str) -> None:
-    raise OptionError(name, value, f"must be {wanted}{_unset(optional)}{' ' + note if note else ''}")
+    # A note of an optional setting says what unset means, so it replaces the bare "(or unset)".
+    raise OptionError(name, value, f"must be {wanted}{' ' + note if note else _unset(optional)}")
 
 
 def int_in_range(name: str, value: Any, low: int | None, high: int | None, *, optional: bool = False,
