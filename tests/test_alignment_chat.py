@@ -72,3 +72,32 @@ def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_token
                           input=questions, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == list(TAUGHT.values())
+
+
+def test_a_closed_pipe_ends_chat_quietly(alignment_model_dir):
+    lines = "".join(f"Say {i}.\n" for i in range(200))
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "chat", "--model", str(alignment_model_dir),
+                             "--max-new-tokens", "30", "--temperature", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(lines.encode())
+    proc.stdin.close()
+    proc.stdout.read(2)
+    proc.stdout.close()  # `| head -c 2`
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141 and err == b"", err.decode()
+
+
+def test_chat_takes_generate_s_stop_flags(tmp_path, alignment_model_dir, capsys, monkeypatch):
+    import io
+
+    from tinygpt.cli import main
+
+    def answer(*extra):
+        monkeypatch.setattr("sys.stdin", io.StringIO("Name a color.\n"))
+        assert main(["chat", "--model", str(alignment_model_dir), "--max-new-tokens", "12", *extra]) == 0
+        return capsys.readouterr().out
+
+    full = answer()[:-1]
+    stop = full[4:6]
+    assert answer("--stop", stop) == full[: full.find(stop)] + "\n"

@@ -48,4 +48,4 @@ def test_cli_dpo(tmp_path, alignment_model_dir, capsys):
                  "--no-progress"])
     assert code == 0 and "val_margin" in capsys.readouterr().out
     assert main(["dpo", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--beta", "0"]) == 2
-    assert "beta=0.0 must be > 0" in capsys.readouterr().err
+    assert "tinygpt dpo: error: --beta 0.0 must be a number > 0" in capsys.readouterr().err

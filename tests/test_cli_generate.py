@@ -68,12 +68,13 @@ def test_sampling_with_a_seed_repeats(char_model, capsys):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"),
+    (["--temperature", "-1"], "--temperature -1.0 must be"), (["--temperature", "1", "--top-p", "0"], "--top-p 0.0"),
+    (["--temperature", "1", "--top-k", "0"], "--top-k 0 must be an integer >= 1"),
     (["--stop", ""], "--stop"), (["--prompt-file", "/nonexistent/p.txt"], "--prompt-file"),
     (["--overflow", "error", "--max-new-tokens", "40"], "new tokens fit"),
-    (["--overflow", "shift", "--shift-keep", "0"], "shift_keep"),
+    (["--overflow", "shift", "--shift-keep", "0"], "--shift-keep 0"),
     (["--shift-keep", "4"], "--overflow shift only"),
-    (["--overflow", "shift", "--shift-keep", "16", "--max-new-tokens", "20"], "shift_keep=16"),
+    (["--overflow", "shift", "--shift-keep", "16", "--max-new-tokens", "20"], "--shift-keep 16"),
 ])
 def test_bad_options_are_one_line_errors(char_model, capsys, args, fragment):
     path, _, _ = char_model
@@ -95,3 +96,54 @@ def test_shift_keep_chooses_how_much_the_shift_policy_keeps(char_model, capsys):
         assert code == 0 and out == "the fox" + tokenizer.decode(expected) + "\n"
         outputs[keep] = out
     assert outputs[4] != outputs[12]  # the flag really reaches the policy
+
+
+def test_stop_escapes_are_decoded(char_model, capsys):
+    path, model, tokenizer = char_model
+    full = _run(capsys, "--model", path, "--prompt", "the fox", "--max-new-tokens", "20")[1]
+    continuation = full[len("the fox"):-1]
+    stop = continuation[3:5]
+    escaped = "".join(f"\\x{ord(c):02x}" for c in stop)  # the stop text written as escapes, as a shell passes it
+    code, out, _ = _run(capsys, "--model", path, "--prompt", "the fox", "--max-new-tokens", "20", "--stop", escaped)
+    assert code == 0 and out == "the fox" + continuation[: continuation.find(stop)] + "\n"
+
+
+def test_sampling_flags_under_greedy_warn_once(char_model, capsys):
+    path, _, _ = char_model
+    greedy = _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "4")
+    code, out, err = _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "4", "--top-k", "3",
+                          "--top-p", "0.5")
+    assert code == 0 and out == greedy[1]  # greedy: the flags change nothing...
+    assert err == ("tinygpt generate: warning: --top-k and --top-p have no effect with --temperature 0 (greedy "
+                   "decoding); give --temperature > 0 to sample\n")  # ...and say so
+    assert _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "4", "--temperature", "1",
+                "--top-k", "3")[2] == ""
+
+
+def test_device_and_dtype(char_model, capsys):
+    path, _, _ = char_model
+    plain = _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "4", "--device", "cpu")
+    bf16 = _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "4", "--dtype", "bfloat16")
+    assert plain[0] == 0 and bf16[0] == 0 and bf16[1].startswith("the")
+    code, _, err = _run(capsys, "--model", path, "--prompt", "the", "--device", "tpu")
+    assert code == 2 and err.startswith("tinygpt generate: error: device='tpu'")
+
+
+def _read_a_little_then_close(proc, size=4):
+    first = proc.stdout.read(size)
+    proc.stdout.close()  # the reader goes away, as `head -c 4` does
+    err = proc.stderr.read()
+    proc.stderr.close()
+    return first, proc.wait(timeout=120), err
+
+
+def test_a_closed_pipe_ends_generate_quietly(char_model):
+    import subprocess
+
+    path, _, _ = char_model
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "generate", "--model", path, "--prompt", "the",
+                             "--max-new-tokens", "5000", "--temperature", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first, code, err = _read_a_little_then_close(proc)
+    assert first.startswith(b"the")
+    assert code == 141 and err == b"", err.decode()  # 128 + SIGPIPE, no BrokenPipeError traceback

@@ -63,6 +63,9 @@ def test_two_ranks_match_one_process(tmp_path, training_text_file):
         capture_output=True, text=True, env=env, timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("done: step 4") == 1, proc.stdout  # only rank 0 prints, the summary line included
+    assert proc.stderr.count("model: ") == 3  # rank 0's line for each run: the library's, the CLI's two
+    assert "Warning" not in proc.stderr, proc.stderr  # no deprecation warnings from tinygpt's calls into torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import checks
+
 _SIZE_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers")
 _DROPOUT_FIELDS = ("drop_rate", "drop_rate_emb", "drop_rate_attn", "drop_rate_shortcut")
 _BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln", "bias")
@@ -72,9 +74,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+            checks.positive_int(name, getattr(self, name))
         if self.emb_dim % self.n_heads != 0:
             raise ValueError(
                 f"emb_dim={self.emb_dim} must be divisible by n_heads={self.n_heads} "
@@ -84,24 +84,15 @@ class GPTConfig:
             value = getattr(self, name)
             if value is None and name != "drop_rate":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+            checks.fraction(name, value)
         for name in _BOOL_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name}={value!r} must be true or false")
+            checks.boolean(name, getattr(self, name))
         for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r} is not one of: {', '.join(allowed)}")
+            checks.choice(name, getattr(self, name), allowed)
         for name in ("norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be a positive number")
+            checks.positive_number(name, getattr(self, name))
         for name in ("ffn_hidden", "n_kv_heads"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name}={value!r} must be a positive integer or null")
+            checks.positive_int(name, getattr(self, name), optional=True)
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from . import checks
 from .kv_cache import KVCache
 from .sampling import next_tokens
 
@@ -47,10 +48,8 @@ def generate_greedy(
     """
     limit = model.config.context_length
     context_size = limit if context_size is None else context_size
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if isinstance(context_size, bool) or not isinstance(context_size, int) or not 1 <= context_size <= limit:
-        raise ValueError(f"context_size={context_size!r} must be an integer in [1, context_length={limit}]")
+    checks.non_negative_int("max_new_tokens", max_new_tokens)
+    checks.int_in_range("context_size", context_size, 1, limit, note="(the context_length)")
     was_training = model.training
     model.eval()
     try:
@@ -61,14 +60,6 @@ def generate_greedy(
     finally:
         model.train(was_training)
     return idx
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -97,38 +88,27 @@ class GenerationConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be an integer >= 0")
-        if not _is_number(self.temperature) or not self.temperature >= 0:  # `not >=` also rejects NaN
-            raise ValueError(f"temperature={self.temperature!r} must be a number >= 0 (0 means greedy)")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1 (or None for no top-k filter)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 means no nucleus filter)")
-        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0 (1 means none)")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed={self.seed!r} must be an integer or None")
-        for name in ("eos_id", "pad_id"):
-            value = getattr(self, name)
-            if (value is not None or name == "pad_id") and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name}={value!r} must be a token id (an integer >= 0)")
+        checks.non_negative_int("max_new_tokens", self.max_new_tokens)
+        checks.non_negative_number("temperature", self.temperature, note="(0 means greedy)")
+        checks.positive_int("top_k", self.top_k, optional=True, note="(unset: no top-k filter)")
+        checks.number_in_range("top_p", self.top_p, 0, 1, low_open=True, note="(1 means no nucleus filter)")
+        checks.positive_number("repetition_penalty", self.repetition_penalty, note="(1 means none)")
+        checks.int_in_range("seed", self.seed, None, None, optional=True)
+        checks.non_negative_int("eos_id", self.eos_id, optional=True, note="(a token id)")
+        checks.non_negative_int("pad_id", self.pad_id, note="(a token id)")
         if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):
             raise ValueError(f"stop must be a list of token-id sequences, got {type(self.stop).__name__}")
         stops = []
         for seq in self.stop:
             if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence) or len(seq) == 0:
                 raise ValueError(f"each stop sequence must be a non-empty list of token ids, got {seq!r}")
-            if not all(_is_int(t) and t >= 0 for t in seq):
+            if not all(checks.is_int(t) and t >= 0 for t in seq):
                 raise ValueError(f"stop sequence {list(seq)} must hold token ids (integers >= 0)")
             stops.append(tuple(seq))
         object.__setattr__(self, "stop", tuple(stops))
-        if self.overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow={self.overflow!r} is not a policy; allowed: {', '.join(OVERFLOW_POLICIES)}")
-        if self.shift_keep is not None and (not _is_int(self.shift_keep) or self.shift_keep < 1):
-            raise ValueError(f"shift_keep={self.shift_keep!r} must be an integer >= 1 (or None for C // 2)")
-        if not isinstance(self.use_cache, bool):
-            raise ValueError(f"use_cache={self.use_cache!r} must be true or false")
+        checks.choice("overflow", self.overflow, OVERFLOW_POLICIES)
+        checks.positive_int("shift_keep", self.shift_keep, optional=True, note="(unset: C // 2)")
+        checks.boolean("use_cache", self.use_cache)
 
     def replace(self, **overrides: Any) -> "GenerationConfig":
         """A copy with some fields changed (validated again); an unknown name is a ``ValueError``."""
@@ -163,7 +143,7 @@ def _prompt_rows(prompts: object, vocab_size: int) -> list[list[int]]:
             raise ValueError(f"prompt tensor must have shape [tokens] or [batch, tokens], got {list(prompts.shape)}")
         rows = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
-        if len(prompts) > 0 and all(_is_int(t) for t in prompts):
+        if len(prompts) > 0 and all(checks.is_int(t) for t in prompts):
             rows = [list(prompts)]
         elif len(prompts) > 0 and all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in prompts):
             rows = [list(r) for r in prompts]
@@ -177,7 +157,7 @@ def _prompt_rows(prompts: object, vocab_size: int) -> list[list[int]]:
         if not row:
             raise ValueError(f"prompt {i} is empty: at least one token is needed")
         for t in row:
-            if not _is_int(t) or not 0 <= t < vocab_size:
+            if not checks.is_int(t) or not 0 <= t < vocab_size:
                 raise ValueError(f"prompt {i} has token id {t!r}: ids must be integers with 0 <= id < {vocab_size}")
     return rows
 
@@ -192,8 +172,8 @@ def _check_for_model(cfg: GenerationConfig, rows: list[list[int]], vocab_size: i
         if max(seq) >= vocab_size:
             raise ValueError(f"stop sequence {list(seq)} has an id >= vocab_size={vocab_size}")
     keep = context_length // 2 if cfg.shift_keep is None else cfg.shift_keep
-    if cfg.overflow == "shift" and not 1 <= keep < context_length:
-        raise ValueError(f"shift_keep={keep} must be in [1, context_length - 1 = {context_length - 1}]")
+    if cfg.overflow == "shift":
+        checks.int_in_range("shift_keep", keep, 1, context_length - 1, note="(context_length - 1)")
     longest = max(len(r) for r in rows)
     # The last new token is never fed back, so the model sees at most longest + max_new_tokens - 1 tokens.
     if cfg.overflow == "error" and longest + cfg.max_new_tokens - 1 > context_length:

@@ -2,8 +2,9 @@
 
 - ``data``: the Alpaca prompt template, JSON / JSONL loading, validation that names the bad entry.
 - ``batches``: prompt + response + end-of-text, truncated to C, padded with end-of-text, prompt/pad targets -100.
-- ``loop``: the fine-tuning loop every stage shares (schedule, progress, metrics, checkpoints, resume), built on
-  ``tinygpt.training``'s optimizer, schedule, checkpoint and metrics helpers.
+- ``options``: ``FinetuneOptions``, the settings every stage shares (torch-free; the CLI's flags come from it).
+- ``loop``: the fine-tuning loop every stage shares (schedule, progress, metrics, checkpoints, resume, stop on a
+  signal), built on ``tinygpt.training``'s optimizer step, schedule, lifecycle, checkpoint and metrics helpers.
 - ``sft``, ``reward``, ``dpo``, ``ppo`` (the math) + ``ppo_trainer`` (rollouts and updates), ``chat``.
 
 Names are imported on first use (PEP 562), so importing the package is cheap.
@@ -29,7 +30,7 @@ _EXPORTS = {
     "dpo_loss": "dpo",
     "token_logprobs": "logprobs",
     "FinetuneDiverged": "loop",
-    "FinetuneOptions": "loop",
+    "FinetuneOptions": "options",
     "FinetuneResult": "loop",
     "Stage": "loop",
     "SupervisedStage": "loop",

@@ -7,7 +7,7 @@ answer stops at the end-of-text token, at ``max_new_tokens``, or where the model
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
@@ -21,13 +21,15 @@ STOP_TEXTS = ("\n### Instruction:", "\n### Input:", "\n### Response:")
 
 def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Callable[[str], None],
          config: GenerationConfig | None = None, *, prompt_marker: str = "",
-         report_error: Callable[[str], None] | None = None, **overrides: Any) -> int:
+         report_error: Callable[[str], None] | None = None, stop_texts: Sequence[str] = (),
+         **overrides: Any) -> int:
     """Answer every non-empty line of ``lines`` until it ends or a line is ``/exit``; returns the answers given.
 
     ``write`` receives the answer piece by piece as it streams (then a newline); ``prompt_marker`` is written
     before each line is read (e.g. "> " at a terminal). A line the tokenizer cannot encode is reported through
     ``report_error`` (default: written as a line) and skipped. Generation settings come from ``config`` and
-    ``overrides`` (``GenerationConfig`` fields), checked before the first line is read.
+    ``overrides`` (``GenerationConfig`` fields), checked before the first line is read. An answer also ends before
+    any of ``stop_texts`` (besides the prompt template's own markers).
     """
     config = (config or GenerationConfig()).replace(**overrides)
     report_error = report_error or (lambda message: write(f"error: {message}\n"))
@@ -39,7 +41,7 @@ def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Ca
             break
         if text.strip():
             try:
-                pieces = stream_text(model, tokenizer, format_prompt(text.strip()), config, stop_texts=STOP_TEXTS)
+                pieces = stream_text(model, tokenizer, format_prompt(text.strip()), config, stop_texts=(*STOP_TEXTS, *stop_texts))
                 for piece in pieces:
                     write(piece)
                 write("\n")

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import checks
+
 PREAMBLE = ("Below is an instruction that describes a task. "
             "Write a response that appropriately completes the request.")
 RESPONSE_HEADER = "\n\n### Response:\n"
@@ -75,8 +77,7 @@ def format_prompt(instruction: str, input: str = "") -> str:
 def read_records(path: str | Path, limit: int | None = None) -> list[Any]:
     """The raw entries of a JSON list file or a JSONL file (chosen by content: a file starting with ``[`` is JSON),
     the first ``limit`` of them when given."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit={limit!r} must be an integer >= 1 (or None for every entry)")
+    checks.positive_int("limit", limit, optional=True, note="(unset: every entry)")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checks
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
@@ -47,9 +48,8 @@ class DPOStage(SupervisedStage):
 
     def __init__(self, policy: GPTModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,
                  reference: GPTModel | None = None, beta: float = 0.1, batch_size: int = 8, val_fraction: float = 0.1,
-                 seed: int = 123, source: str = "data") -> None:
-        if not beta > 0:
-            raise ValueError(f"beta={beta!r} must be > 0")
+                 seed: int = 1337, source: str = "data") -> None:
+        checks.positive_number("beta", beta)
         self.policy, self.tokenizer, self.beta = policy, tokenizer, float(beta)
         self.heads = nn.ModuleDict()
         self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
@@ -87,13 +87,11 @@ class DPOStage(SupervisedStage):
 
 
 def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: float = 0.1,
-        limit: int | None = None) -> FinetuneResult:
+        limit: int | None = None, tokenizer_dir: str | Path | None = None) -> FinetuneResult:
     """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``."""
     options.check()
-    if not beta > 0:
-        raise ValueError(f"beta={beta!r} must be > 0")
+    checks.positive_number("beta", beta)
     examples = load_preference_data(data, limit)
-    policy, tokenizer = load_start_model(model, options.device)
-    stage = DPOStage(policy, tokenizer, examples, beta=beta, batch_size=options.batch_size,
-                     val_fraction=options.val_fraction, seed=options.seed, source=str(data))
+    policy, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    stage = DPOStage(policy, tokenizer, examples, beta=beta, source=str(data), **options.stage_settings())
     return run_stage(stage, options)

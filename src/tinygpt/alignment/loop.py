@@ -12,7 +12,6 @@ resumed run continues the same computation.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -24,65 +23,25 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..checkpoint import load_model
-from ..fileio import RUN, atomic_write_text, check_save_target
+from ..devices import autocast, resolve_device
+from ..fileio import atomic_write_text
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import batch_for_step, batches_per_epoch, split_indices
-from ..training.checkpointing import (capture_rng_state, list_checkpoints, load_training_state, prune_checkpoints,
+from ..training.checkpointing import (capture_rng_state, load_training_state, prune_checkpoints,
                                       remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
 from ..training.metrics import MetricsLog, plot_losses
-from ..training.optim import build_optimizer, lr_at, set_lr
+from ..training.lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
+                                   refuse_fresh_start)
+from ..training.limits import check_memory
+from ..training.optim import Schedule, build_optimizer, optimizer_step
+from .options import FinetuneOptions
+
+DEFAULT_SEED = 1337  # a stage without a seed of its own and options without one: the seed of every command
 
 
-class FinetuneDiverged(RuntimeError):
-    """The loss or gradient norm became NaN/inf; the update was not applied and the last checkpoint is kept."""
-
-
-@dataclass
-class FinetuneOptions:
-    """Settings shared by every stage. ``max_steps`` None = ``epochs`` passes over the training examples."""
-
-    out_dir: str = "runs/finetune"
-    epochs: int = 1
-    max_steps: int | None = None
-    stop_after: int | None = None
-    batch_size: int = 8
-    lr: float = 5e-5
-    min_lr: float | None = None
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 50
-    checkpoint_every: int | None = None
-    keep_last: int = 2
-    val_fraction: float = 0.1
-    seed: int = 123
-    device: str = "cpu"
-    resume: str | None = None
-    progress: bool = True
-
-    def check(self) -> None:
-        """``ValueError`` naming the first bad setting."""
-        for name in ("epochs", "batch_size", "eval_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        for name in ("max_steps", "stop_after", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be an integer >= 1 (or unset)")
-        for name in ("warmup_steps", "keep_last"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an integer >= 0")
-        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
-        if not self.grad_clip >= 0:
-            raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"val_fraction={self.val_fraction!r} must be in [0, 1)")
-        # Every stage calls this first: the run folder is checked before the model is even loaded.
-        check_save_target(self.out_dir, RUN)
+# The loss or gradient norm became NaN/inf; the update was not applied and the last checkpoint is kept.
+FinetuneDiverged = Diverged
 
 
 @dataclass(frozen=True)
@@ -128,20 +87,6 @@ class Stage:
         export_model_files(self.policy, self.tokenizer, run_dir)
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, loss: float, grad_clip: float, step: int) -> float:
-    """Clip (``grad_clip`` 0 = measure only), refuse a non-finite loss or norm, step, zero the gradients; returns
-    the gradient norm before clipping."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf))
-    if not (math.isfinite(loss) and math.isfinite(norm)):
-        optimizer.zero_grad(set_to_none=True)
-        raise FinetuneDiverged(f"step {step + 1}: loss {loss}, gradient norm {norm} (not finite); the update was not "
-                               f"applied; try a lower --lr")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
-
-
 def _trainable(stage: Stage) -> nn.ModuleDict:
     return nn.ModuleDict({"policy": stage.policy, "heads": stage.heads})
 
@@ -161,15 +106,44 @@ def _restore(stage: Stage, optimizer: torch.optim.Optimizer, directory: Path) ->
     return int(state["step"])
 
 
+def _checkpoint(stage: Stage, optimizer: torch.optim.Optimizer, options: FinetuneOptions, run_dir: Path,
+                step: int) -> None:
+    state = {"stage": stage.name, "step": step, "optimizer": optimizer.state_dict(), "rng": capture_rng_state(),
+             "heads": stage.heads.state_dict(), "stage_state": stage.state_dict(),
+             "options": {k: v for k, v in asdict(options).items() if isinstance(v, (int, float, str))}}
+    save_checkpoint(run_dir, step, stage.policy, stage.tokenizer, state)
+    prune_checkpoints(run_dir, options.keep_last)
+
+
+def _seed(stage: Stage, options: FinetuneOptions) -> int:
+    for value in (options.seed, getattr(stage, "seed", None)):
+        if value is not None:
+            return value
+    return DEFAULT_SEED
+
+
+def check_stage_agrees(stage: Stage, options: FinetuneOptions) -> None:
+    """``ValueError`` when the options give a batch size, validation share or seed other than the one the stage
+    was built with (the stage splits and batches its data with its own: the options' would be silently ignored)."""
+    for name, wanted in options.stage_settings().items():
+        mine = getattr(stage, name, None)
+        if mine is not None and mine != wanted:
+            raise ValueError(f"the {stage.name} stage was built with {name}={mine!r} but the options say "
+                             f"{name}={wanted!r}: give the stage's value, or leave it unset in the options")
+
+
 def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
     """Train ``stage`` as ``options`` say, writing checkpoints and ``metrics.jsonl`` into ``options.out_dir``;
     the finished model is exported into that folder (``Stage.export``) and summarized in ``summary.json``."""
     options.check()
+    check_stage_agrees(stage, options)
     run_dir = Path(options.out_dir)
     remove_partial_checkpoints(run_dir)
     max_steps = options.max_steps or options.epochs * stage.steps_per_epoch
     end = max_steps if options.stop_after is None else min(max_steps, options.stop_after)
-    min_lr = options.lr / 10 if options.min_lr is None else options.min_lr
+    schedule = Schedule(options.lr, options.min_lr, options.warmup_steps, max_steps)
+    device = next(stage.policy.parameters()).device
+    check_memory(stage.policy.config, 0, device, what=f"{stage.name} fine-tuning")
     modules = _trainable(stage)
     optimizer = build_optimizer(modules, lr=options.lr, weight_decay=options.weight_decay)
 
@@ -178,25 +152,27 @@ def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
     if resume_from is not None:
         step = _restore(stage, optimizer, resume_from)
         tqdm.write(f"resumed {stage.name} from {resume_from} at step {step}", file=sys.stderr)
-    if resume_from is None and list_checkpoints(run_dir):
-        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
-                         f"another --out")
-    if step >= max_steps:
-        raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}")
+    else:
+        refuse_fresh_start(run_dir)
+    refuse_finished(step, max_steps)
     if resume_from is None:
-        torch.manual_seed(options.seed)  # dropout masks of a fresh run; a resume restored the saved RNG states
+        torch.manual_seed(_seed(stage, options))  # dropout masks of a fresh run; a resume restored the saved RNG states
     log = MetricsLog(run_dir / "metrics.jsonl", step if resume_from is not None else None)
     checkpoint_every = options.checkpoint_every or options.eval_every
     last_eval: dict[str, float] = {}
     bar = tqdm(total=max_steps, initial=step, desc=stage.name, disable=not options.progress, dynamic_ncols=True)
     stage.policy.train()
     stage.heads.train()
+    stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
     try:
         while step < end:
-            lr = lr_at(step, lr=options.lr, min_lr=min_lr, warmup_steps=options.warmup_steps, max_steps=max_steps)
-            set_lr(optimizer, lr)
+            lr = schedule.apply(optimizer, step)
             t0 = time.perf_counter()
-            metrics = stage.train_step(step, optimizer, options.grad_clip)
+            try:
+                with autocast(device, options.dtype):
+                    metrics = stage.train_step(step, optimizer, options.grad_clip)
+            except Diverged as err:
+                raise err.kept(last_good_checkpoint(run_dir)) from None
             step += 1
             record: dict[str, Any] = {"step": step, "lr": lr, **metrics, "step_seconds": time.perf_counter() - t0}
             bar.update(1)
@@ -204,21 +180,23 @@ def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
                             refresh=False)
             evaluated = step % options.eval_every == 0 or step == end
             if evaluated:
-                last_eval = stage.evaluate()
+                with autocast(device, options.dtype):
+                    last_eval = stage.evaluate()
                 stage.policy.train()
                 stage.heads.train()
                 record.update(last_eval)
             log.append(record)
             if evaluated:
                 stage.plot(log.records, run_dir)
-            if step % checkpoint_every == 0 or step == end:
-                state = {"stage": stage.name, "step": step, "optimizer": optimizer.state_dict(),
-                         "rng": capture_rng_state(), "heads": stage.heads.state_dict(),
-                         "stage_state": stage.state_dict(),
-                         "options": {k: v for k, v in asdict(options).items() if isinstance(v, (int, float, str))}}
-                save_checkpoint(run_dir, step, stage.policy, stage.tokenizer, state)
-                prune_checkpoints(run_dir, options.keep_last)
+            saved = step % checkpoint_every == 0 or step == end
+            if saved:
+                _checkpoint(stage, optimizer, options, run_dir, step)
+            if stop.signum is not None and step < end:
+                if not saved:
+                    _checkpoint(stage, optimizer, options, run_dir, step)
+                raise Interrupted(stop.signum, step, max_steps, run_dir / f"step-{step}")
     finally:
+        stop.close()
         bar.close()
     if step == max_steps:
         stage.export(run_dir)
@@ -239,8 +217,7 @@ class SupervisedStage(Stage):
         train_idx, val_idx = split_indices(len(items), val_fraction, seed)
         self.train_items = [items[i] for i in train_idx]
         self.val_items = [items[i] for i in val_idx]
-        self.batch_size = batch_size
-        self.seed = seed
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.steps_per_epoch = batches_per_epoch(len(self.train_items), batch_size)
 
     def loss(self, items: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -277,12 +254,15 @@ class SupervisedStage(Stage):
         plot_losses(records, run_dir / "loss.png")
 
 
-def load_start_model(source: str | Path, device: str | torch.device = "cpu") -> tuple[GPTModel, Tokenizer]:
+def load_start_model(source: str | Path, device: str | torch.device | None = None,
+                     tokenizer_dir: str | Path | None = None) -> tuple[GPTModel, Tokenizer]:
     """The model a stage starts from (a tinygpt checkpoint, a Hugging Face GPT-2 folder or a hub name) and its
-    tokenizer, which fine-tuning cannot do without."""
+    tokenizer (``tokenizer_dir``, else the model's own), which fine-tuning cannot do without. ``device`` None:
+    cuda when available."""
     from ..interop.pretrained import load_pretrained
 
-    model, tokenizer = load_pretrained(source, device=device)
+    model, tokenizer = load_pretrained(source, device=resolve_device(device), tokenizer_dir=tokenizer_dir)
     if tokenizer is None:
-        raise ValueError(f"{source} has no tokenizer saved beside it; fine-tuning needs the model's tokenizer")
+        raise ValueError(f"{source} has no tokenizer saved beside it; fine-tuning needs the model's tokenizer: "
+                         f"pass --tokenizer-dir DIR")
     return model, tokenizer

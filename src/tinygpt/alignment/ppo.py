@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checks
+from ..checks import option
 from .logprobs import masked_mean
 
 
@@ -26,39 +28,31 @@ from .logprobs import masked_mean
 class PPOConfig:
     """PPO's settings; the defaults are common small-model values (TRL's / InstructGPT's order of magnitude)."""
 
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_k: int | None = None
-    kl_coef: float = 0.05
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip_range: float = 0.2
-    value_clip_range: float = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 4
-    minibatch_size: int | None = None  # None: the whole rollout batch in one update per epoch
+    max_new_tokens: int = option(32, "longest sampled response")
+    temperature: float = option(1.0, "sampling temperature")
+    top_k: int | None = option(None, "sample among the K most likely tokens", metavar="K", default_help="all")
+    kl_coef: float = option(0.05, "per-token KL penalty")
+    gamma: float = option(1.0, "discount")
+    lam: float = option(0.95, "GAE lambda")
+    clip_range: float = option(0.2, "policy ratio clip")
+    value_clip_range: float = option(0.2, "value clip")
+    value_coef: float = option(0.5, "value loss weight")
+    entropy_coef: float = option(0.0, "entropy bonus")
+    ppo_epochs: int = option(4, "passes over each rollout batch")
+    minibatch_size: int | None = option(None, "rows per update", default_help="the whole rollout batch")
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "ppo_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+            checks.positive_int(name, getattr(self, name))
         for name in ("top_k", "minibatch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be an integer >= 1 (or None)")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature!r} must be > 0: PPO needs sampled responses")
+            checks.positive_int(name, getattr(self, name), optional=True)
+        checks.positive_number("temperature", self.temperature, note="(PPO needs sampled responses)")
         for name in ("kl_coef", "value_coef", "entropy_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
+            checks.non_negative_number(name, getattr(self, name))
         for name in ("gamma", "lam"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
+            checks.number_in_range(name, getattr(self, name), 0, 1)
         for name in ("clip_range", "value_clip_range"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+            checks.positive_number(name, getattr(self, name))
 
 
 def token_rewards(scores: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,

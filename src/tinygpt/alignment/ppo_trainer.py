@@ -30,7 +30,9 @@ from ..tokenizer import Tokenizer
 from .batches import batch_for_step, batches_per_epoch, encode_prompt, end_of_text_id, split_indices
 from .data import load_prompts
 from .logprobs import entropy, masked_mean
-from .loop import FinetuneOptions, FinetuneResult, Stage, load_start_model, optimizer_step, run_stage
+from ..training.optim import optimizer_step
+from .loop import FinetuneOptions, FinetuneResult, Stage, load_start_model, run_stage
+from .reward import scalar_head
 from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
 
 RewardFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], torch.Tensor]  # (prompts, responses) -> [B]
@@ -96,15 +98,12 @@ class PPOStage(Stage):
     def __init__(self, policy: GPTModel, prompts: Sequence[Sequence[int]], reward_fn: RewardFn, *,
                  tokenizer: Tokenizer | None = None, reference: GPTModel | None = None,
                  config: PPOConfig | None = None, eos_id: int | None = None, pad_id: int | None = None,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123) -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337) -> None:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.config = config or PPOConfig()
         self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
         param = next(policy.parameters())
-        value_head = nn.Linear(policy.config.emb_dim, 1, device=param.device, dtype=param.dtype)
-        nn.init.normal_(value_head.weight, std=0.02)
-        nn.init.zeros_(value_head.bias)
-        self.heads = nn.ModuleDict({"value": value_head})
+        self.heads = nn.ModuleDict({"value": scalar_head(policy, seed)})  # seeded: same seed, same head
         self.eos_id = eos_id
         self.pad_id = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
         c = policy.config.context_length
@@ -115,7 +114,7 @@ class PPOStage(Stage):
         train_idx, val_idx = split_indices(len(prompts), val_fraction, seed)
         self.train_prompts = [list(prompts[i]) for i in train_idx]
         self.val_prompts = [list(prompts[i]) for i in val_idx]
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.steps_per_epoch = batches_per_epoch(len(self.train_prompts), batch_size)
         self.generator = torch.Generator(device=param.device).manual_seed(seed)
 
@@ -228,15 +227,16 @@ def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:
 
 
 def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: FinetuneOptions,
-        config: PPOConfig | None = None, *, limit: int | None = None) -> FinetuneResult:
+        config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None
+        ) -> FinetuneResult:
     """``tinygpt ppo``: PPO of the GPT at ``policy`` (also the frozen reference) against the reward model at
     ``reward``, on the prompts of ``data`` (an instruction or preference file; only instruction/input are read)."""
     from .reward import load_reward_model
 
     options.check()
     config = config or PPOConfig()
-    model, tokenizer = load_start_model(policy, options.device)
-    reward_model, reward_tokenizer = load_reward_model(reward, device=options.device)
+    model, tokenizer = load_start_model(policy, options.device, tokenizer_dir)
+    reward_model, reward_tokenizer = load_reward_model(reward, device=next(model.parameters()).device)
     if reward_tokenizer is not None and (reward_tokenizer.kind, reward_tokenizer.vocab_size) != (
             tokenizer.kind, tokenizer.vocab_size):
         raise ValueError(f"the reward model's tokenizer ({reward_tokenizer!r}) differs from the policy's "
@@ -248,6 +248,5 @@ def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: Finet
     c = model.config.context_length
     prompts = [encode_prompt(tokenizer, p, c, f"{data}: entry {i}") for i, p in enumerate(load_prompts(data, limit))]
     stage = PPOStage(model, prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer, config=config,
-                     eos_id=eot, pad_id=eot, batch_size=options.batch_size, val_fraction=options.val_fraction,
-                     seed=options.seed)
+                     eos_id=eot, pad_id=eot, **options.stage_settings())
     return run_stage(stage, options)

@@ -26,7 +26,7 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
-from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+from .loop import DEFAULT_SEED, FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
 
 HEAD_FILE = "reward_head.safetensors"
 
@@ -50,18 +50,27 @@ def encode_preferences(tokenizer: Tokenizer, examples: Sequence[PreferenceExampl
     return pairs
 
 
+def scalar_head(trunk: GPTModel, seed: int) -> nn.Linear:
+    """A new linear head D -> 1 on the trunk's device and dtype: weight ~ N(0, 0.02^2) (GPT-2's init, like every
+    other linear layer) drawn from its own generator seeded with ``seed`` (on the CPU, so every device gets the same
+    numbers), bias 0. The same seed gives the same head whatever the global RNG has been through."""
+    param = next(trunk.parameters())
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.empty(1, trunk.config.emb_dim).normal_(0.0, 0.02, generator=generator)
+    head = nn.Linear(trunk.config.emb_dim, 1, device=param.device, dtype=param.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.zero_()
+    return head
+
+
 class RewardModel(nn.Module):
     """A GPT trunk and a scalar head: ids [B, T] + real lengths [B] -> rewards [B]."""
 
-    def __init__(self, trunk: GPTModel, head: nn.Linear | None = None) -> None:
+    def __init__(self, trunk: GPTModel, head: nn.Linear | None = None, *, seed: int = DEFAULT_SEED) -> None:
         super().__init__()
         self.trunk = trunk
-        if head is None:
-            param = next(trunk.parameters())
-            head = nn.Linear(trunk.config.emb_dim, 1, device=param.device, dtype=param.dtype)
-            nn.init.normal_(head.weight, std=0.02)  # GPT-2's init, like every other linear layer
-            nn.init.zeros_(head.bias)
-        self.head = head
+        self.head = scalar_head(trunk, seed) if head is None else head
 
     def forward(self, idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         h = self.trunk.hidden_states(idx)  # [B, T, D]
@@ -137,7 +146,7 @@ class RewardStage(SupervisedStage):
     postfix_keys = ("loss", "accuracy")
 
     def __init__(self, model: RewardModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123, source: str = "data") -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
         self.model = model
         self.policy, self.tokenizer = model.trunk, tokenizer
         self.heads = nn.ModuleDict({"reward": model.head})
@@ -166,12 +175,13 @@ class RewardStage(SupervisedStage):
         export_model_files(self.policy, self.tokenizer, run_dir)
 
 
-def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None
-                       ) -> FinetuneResult:
+def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
+                       tokenizer_dir: str | Path | None = None) -> FinetuneResult:
     """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``."""
     options.check()
     examples = load_preference_data(data, limit)
-    trunk, tokenizer = load_start_model(model, options.device)
-    stage = RewardStage(RewardModel(trunk), tokenizer, examples, batch_size=options.batch_size,
-                        val_fraction=options.val_fraction, seed=options.seed, source=str(data))
+    trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    settings = options.stage_settings()
+    model = RewardModel(trunk, seed=settings.get("seed", DEFAULT_SEED))  # the head: seeded like the rest
+    stage = RewardStage(model, tokenizer, examples, source=str(data), **settings)
     return run_stage(stage, options)

@@ -39,7 +39,7 @@ class SFTStage(SupervisedStage):
     name = "sft"
 
     def __init__(self, model: GPTModel, tokenizer: Tokenizer, examples: Sequence[InstructionExample], *,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 123, source: str = "data") -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
         self.policy, self.tokenizer = model, tokenizer
         self.heads = nn.ModuleDict()
         self.pad_id = end_of_text_id(tokenizer)
@@ -54,13 +54,12 @@ class SFTStage(SupervisedStage):
         return loss, {"loss": float(loss.detach())}
 
 
-def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None
-        ) -> FinetuneResult:
+def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
+        tokenizer_dir: str | Path | None = None) -> FinetuneResult:
     """``tinygpt sft``: fine-tune the model at ``model`` on the instruction file ``data``; the result (and its
     tokenizer) lands in ``options.out_dir``, loadable by ``load_model`` / ``tinygpt generate`` / ``tinygpt chat``."""
     options.check()
     examples = load_instruction_data(data, limit)
-    base, tokenizer = load_start_model(model, options.device)
-    stage = SFTStage(base, tokenizer, examples, batch_size=options.batch_size, val_fraction=options.val_fraction,
-                     seed=options.seed, source=str(data))
+    base, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    stage = SFTStage(base, tokenizer, examples, source=str(data), **options.stage_settings())
     return run_stage(stage, options)

@@ -8,7 +8,7 @@ import sys
 
 from ..config import PRESETS, GPTConfig
 from ..params import count_parameters
-from .common import CommandError, config_from_args
+from .common import CommandError, add_device_options, add_sampling_options, config_from_args, sampling_config
 
 
 def _add_params(sub: argparse._SubParsersAction) -> None:
@@ -100,17 +100,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the text to continue; - reads it from stdin")
     source.add_argument("--prompt-file", metavar="PATH", help="read the text to continue from a UTF-8 file")
-    p.add_argument("--max-new-tokens", type=int, default=50, metavar="N", help="tokens to add (default: 50)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (default); > 0 samples from softmax(logits / T)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
-                   help="sample among the most likely tokens whose probability sums to P (default 1 = all)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
-                   help="> 1 discourages tokens already in the text (default 1 = none)")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling: the same seed gives the same text")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop before this text (repeatable); generation also stops at the end-of-text token")
+    add_sampling_options(p, max_new_tokens=50)
     p.add_argument("--no-cache", dest="use_cache", action="store_false",
                    help="recompute the whole window at every step (same text, much slower)")
     p.add_argument("--overflow", choices=["slide", "shift", "error"], default="slide",
@@ -120,19 +110,15 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help="with --overflow shift: how many of the latest tokens to keep (1 .. C-1; default C/2)")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print the text as it is generated (default) or all at the end")
-    p.add_argument("--tokenizer-dir", metavar="DIR",
-                   help="a saved tokenizer, or a folder with GPT-2's encoder.json + vocab.bpe (or vocab.json + "
-                        "merges.txt); default: the model's own, else $TINYGPT_GPT2_VOCAB, else tiktoken's cache")
+    add_device_options(p)
     p.set_defaults(run=_run_generate)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ..generation import GenerationConfig
+    from ..devices import autocast, resolve_device
     from ..interop.pretrained import load_pretrained
     from ..text_stream import stream_text
 
-    if args.max_new_tokens < 0:
-        raise CommandError(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
     if args.prompt_file is not None:
         try:
             prompt = open(args.prompt_file, encoding="utf-8").read()
@@ -142,27 +128,24 @@ def _run_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.shift_keep is not None and args.overflow != "shift":
         raise CommandError(f"--shift-keep applies to --overflow shift only (got --overflow {args.overflow})")
-    if any(not text for text in args.stop):
-        raise CommandError("--stop needs a non-empty text")
-    settings = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty, seed=args.seed, overflow=args.overflow,
-        shift_keep=args.shift_keep, use_cache=args.use_cache,
-    )  # checked before the model is loaded
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir)
+    settings = sampling_config(args, "generate", overflow=args.overflow, shift_keep=args.shift_keep,
+                               use_cache=args.use_cache)  # checked before the model is loaded
+    device = resolve_device(args.device)
+    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
     if tokenizer is None:
         raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
     pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=args.stop)
-    if not args.stream:
-        print(prompt + "".join(pieces))
-        return 0
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
-    for piece in pieces:
-        sys.stdout.write(piece)
+    with autocast(device, args.dtype):
+        if not args.stream:
+            print(prompt + "".join(pieces))
+            return 0
+        sys.stdout.write(prompt)
         sys.stdout.flush()
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
 

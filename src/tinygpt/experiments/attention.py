@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .. import checks
 from ..config import GPTConfig
 from ..model import GPTModel
 from .anatomy import resolve_config
@@ -26,8 +27,7 @@ def attention_weights(model: GPTModel, idx: torch.Tensor, layer: int) -> tuple[t
     """The attention weights [B, H, T, T] of block ``layer`` for ids ``idx`` [B, T] (dropout off), and the largest
     |difference| between that attention's output on the explicit-weights path and on the default fused path."""
     n_layers = len(model.trf_blocks)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer={layer!r} must be an integer in 0..{n_layers - 1} (the model has {n_layers} blocks)")
+    checks.int_in_range("layer", layer, 0, n_layers - 1, note=f"(the model has {n_layers} blocks)")
     model.check_input(idx)
     was_training = model.training
     model.eval()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checks
 from ..config import GPTConfig
 from ..corpus import embedded_corpus_text
 from ..layers import TransformerBlock
@@ -123,12 +124,6 @@ def _tail_mean(values: list[float], fraction: float = 0.1) -> float:
     return sum(tail) / len(tail)
 
 
-def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
 def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str | GPTConfig | None = None,
                 data: str | Path | None = None, max_chars: int = 400_000, steps: int = 300, batch_size: int = 16,
                 seq_len: int = 64, lr: float = 3e-4, depths: Sequence[int] = STACK_DEPTHS,
@@ -142,13 +137,11 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
     training part."""
     check_seed(seed)
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("max_chars", max_chars)):
-        _check_positive(name, value)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps={steps!r} must be a non-negative integer")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr={lr!r} must be a positive number")
+        checks.positive_int(name, value)
+    checks.non_negative_int("steps", steps)
+    checks.positive_number("lr", lr)
     for depth in depths:
-        _check_positive("depth", depth)
+        checks.positive_int("depth", depth)
     directory = output_dir("prepost", out)
 
     stacks = compare_stacks(depths, stack_shape, stack_heads, seed)

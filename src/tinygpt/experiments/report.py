@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .. import checks
 from ..fileio import atomic_write_with, check_output_dir
 
 DEFAULT_ROOT = Path("runs") / "experiments"
@@ -87,7 +88,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not checks.is_number(value):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -115,6 +116,5 @@ def finish(name: str, directory: Path, title: str, tables: Sequence[str], data: 
 
 
 def check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative integer")
+    checks.non_negative_int("seed", seed)
     return seed

@@ -14,6 +14,8 @@ _EXPORTS = {
     "load_training_state": "checkpointing",
     "resolve_resume": "checkpointing",
     "PreparedCorpus": "data",
+    "Diverged": "lifecycle",
+    "Interrupted": "lifecycle",
     "find_text_files": "data",
     "prepare_corpus": "data",
     "prepare_or_reuse": "data",

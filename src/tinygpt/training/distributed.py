@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..devices import resolve_device
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -31,21 +33,6 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1 or dist.is_initialized()
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``None``/"auto" -> cuda when available else cpu; otherwise the named device (``ValueError`` if unusable)."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device; use cpu, cuda or cuda:N") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda was asked for but torch sees no CUDA GPU; use --device cpu")
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r} is not supported for training; use cpu or cuda")
-    return resolved
 
 
 def init_distributed(device: str | None = None) -> DistContext:
@@ -91,8 +78,13 @@ def wrap_model(model: nn.Module, ctx: DistContext, *, fsdp: bool = False) -> nn.
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # broadcast_buffers=False: GPTModel has no buffers (its causal mask is built per call): nothing to sync per step.
-    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    # No buffer sync per step: GPTModel has no buffers (its causal mask is built per call). torch 2.13 renamed the
+    # flag (``broadcast_buffers`` is deprecated there); older releases only know the old name.
+    import inspect
+
+    new_name = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -135,3 +127,19 @@ def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()
+
+
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """Whether ``flag`` is true on any rank (a collective when distributed): every rank then takes the same branch,
+    as a stop on a signal that reached only some of them must."""
+    if not ctx.distributed:
+        return flag
+    value = torch.tensor(int(flag), device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def is_main_process() -> bool:
+    """Rank 0, or not under torchrun (read from the environment torchrun sets: usable before and after the
+    process group exists, e.g. for the command line's final summary)."""
+    return int(os.environ.get("RANK", "0")) == 0

@@ -8,9 +8,7 @@ exact computation: on CPU with the same thread count, N steps straight and N/2 +
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import random
 import sys
 import time
@@ -24,22 +22,26 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import load_config, load_model
 from ..config import GPTConfig, get_config
+from ..devices import autocast
 from ..fileio import RUN, atomic_write_text, check_save_target
 from ..generation import generate
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, load_tokenizer
 from . import distributed as dist_utils
 from .batches import WindowSampler
-from .checkpointing import (capture_rng_state, export_model_files, list_checkpoints, load_training_state,
+from .checkpointing import (capture_rng_state, export_model_files, load_training_state,
                             prune_checkpoints, remove_partial_checkpoints, resolve_resume, restore_rng_state,
                             save_checkpoint)
 from .data import PreparedCorpus, prepare_or_reuse
 from .metrics import MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
-from .optim import build_optimizer, lr_at, set_lr
+from .limits import check_memory, check_windows
+from .lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
+                        refuse_fresh_start)
+from .optim import Schedule, build_optimizer, optimizer_step
 from .options import DEFAULT_MODEL, TrainingOptions
 
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept."""
+# The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept.
+TrainingDiverged = Diverged
 
 
 @dataclass(frozen=True)
@@ -56,33 +58,34 @@ class TrainingResult:
     model: GPTModel  # this rank's trained model (unwrapped; under FSDP2 its parameters are still sharded)
 
 
-def resolve_config(spec: str | GPTConfig | None, tokenizer_vocab: int) -> GPTConfig:
-    """None -> ``DEFAULT_MODEL`` with the tokenizer's vocabulary; a preset name; a ``.json`` file; a GPTConfig.
-    A vocabulary larger than the model's ``vocab_size`` is a ``ValueError``."""
+def resolve_config(spec: str | GPTConfig | None, tokenizer_vocab: int,
+                   overrides: dict[str, int | None] | None = None) -> GPTConfig:
+    """None -> ``DEFAULT_MODEL`` with the tokenizer's vocabulary; a preset name; a ``.json`` file (without a
+    ``vocab_size`` key: the tokenizer's, as for the default); a GPTConfig. ``overrides`` (None values skipped)
+    replace fields of the result. A vocabulary larger than the model's ``vocab_size`` is a ``ValueError``."""
     if spec is None:
         config = GPTConfig(vocab_size=tokenizer_vocab, **DEFAULT_MODEL)
     elif isinstance(spec, GPTConfig):
         config = spec
     elif str(spec).endswith(".json"):
         config = GPTConfig.from_file(spec)
+        try:
+            keys = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # from_file has read and parsed it just now
+            keys = {}
+        if isinstance(keys, dict) and "vocab_size" not in keys:
+            config = config.replace(vocab_size=tokenizer_vocab)
     else:
         config = get_config(str(spec))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if given:
+        config = config.replace(**given)
     if tokenizer_vocab > config.vocab_size:
         raise ValueError(
             f"the tokenizer has {tokenizer_vocab} tokens but the model's vocab_size is {config.vocab_size}: "
             f"choose a config with vocab_size >= {tokenizer_vocab} (or a smaller tokenizer)"
         )
     return config
-
-
-def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast (weights and optimizer stay float32) when asked for, or by default on a bf16-capable GPU."""
-    use_bf16 = dtype == "bfloat16" or (
-        dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
-    if not use_bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def _tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
@@ -106,7 +109,8 @@ class _Run:
         self.main = self.ctx.is_main
         if self.main:  # before any work: the run folder is writable, has room, and is not something else's folder
             check_save_target(self.run_dir, RUN, inputs=[*(options.data or []), *filter(None, [options.prepared])])
-        self.min_lr = options.lr / 10 if options.min_lr is None else options.min_lr
+        self.overrides = {k: getattr(options, k) for k in ("n_layers", "n_heads", "emb_dim", "context_length")}
+        self.schedule = Schedule(options.lr, options.min_lr, options.warmup_steps, options.max_steps)
 
     def log(self, message: str) -> None:
         if self.main:
@@ -142,8 +146,8 @@ class _Run:
         if self.resume_from is not None:
             state = load_training_state(self.resume_from)
             config = load_config(self.resume_from)
-            if o.config is not None:
-                wanted = resolve_config(o.config, self.tokenizer.vocab_size)
+            if o.config is not None or any(v is not None for v in self.overrides.values()):
+                wanted = resolve_config(o.config or config, self.tokenizer.vocab_size, self.overrides)
                 if wanted != config:
                     diff = {k: (v, getattr(config, k)) for k, v in wanted.to_dict().items()
                             if getattr(config, k) != v}
@@ -154,10 +158,8 @@ class _Run:
                 raise ValueError(f"the checkpoint {self.resume_from} was trained with a different tokenizer "
                                  f"({ckpt_tok!r}) than this data's ({self.tokenizer!r})")
         else:
-            if list_checkpoints(self.run_dir):
-                raise ValueError(f"{self.run_dir} already holds checkpoints: pass --resume auto to continue that run, "
-                                 f"or choose another --out")
-            config = resolve_config(o.config, self.tokenizer.vocab_size)
+            refuse_fresh_start(self.run_dir)
+            config = resolve_config(o.config, self.tokenizer.vocab_size, self.overrides)
         if self.tokenizer.vocab_size > config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the checkpoint's "
                              f"vocab_size is {config.vocab_size}")
@@ -168,6 +170,8 @@ class _Run:
                     f"the {split} split has {len(tokens)} tokens, fewer than one window of context_length + 1 = "
                     f"{window}: use more text or a config with a smaller context_length"
                 )
+        check_windows(o.batch_size, ctx.world_size, len(self.corpus.train), config.context_length)
+        check_memory(config, o.batch_size, ctx.device, shards=ctx.world_size if o.fsdp else 1)
         self.config = config
 
         _seed_everything(o.seed)  # every rank the same: identical init and identical data streams
@@ -192,9 +196,7 @@ class _Run:
             self.step = int(state["step"])
             self.best_step, self.best_val = state.get("best_step"), state.get("best_val_loss")
             self.log(f"resumed from {self.resume_from} at step {self.step}")
-        if self.step >= o.max_steps:
-            raise ValueError(f"the checkpoint is at step {self.step}, already >= max_steps={o.max_steps}: "
-                             f"raise --max-steps to train further")
+        refuse_finished(self.step, o.max_steps)
 
     # ------------------------------------------------------------------------------------------ steps
     def batch(self, sampler: WindowSampler) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,14 +207,13 @@ class _Run:
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The model's own loss: cross-entropy fused with the head, no [B, C, V] logits (``tinygpt.fast.head_loss``).
-        with _autocast(self.ctx.device, self.o.dtype):
+        with autocast(self.ctx.device, self.o.dtype):
             return self.forward(x, targets=y)
 
     def train_step(self) -> tuple[float, float, float]:
         """One optimizer step; returns (mean loss over the global batch, gradient norm, lr)."""
         o = self.o
-        lr = lr_at(self.step, lr=o.lr, min_lr=self.min_lr, warmup_steps=o.warmup_steps, max_steps=o.max_steps)
-        set_lr(self.optimizer, lr)
+        lr = self.schedule.apply(self.optimizer, self.step)
         total = torch.zeros((), device=self.ctx.device)
         for micro in range(o.grad_accum):
             x, y = self.batch(self.sampler)
@@ -221,20 +222,10 @@ class _Run:
             (loss / o.grad_accum).backward()
             total += loss.detach()
         mean_loss = float(dist_utils.all_reduce_mean(total / o.grad_accum, self.ctx))
-        if o.grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), o.grad_clip))
-        else:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), math.inf))
-        if not (math.isfinite(mean_loss) and math.isfinite(norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            kept = list_checkpoints(self.run_dir)
-            where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
-            raise TrainingDiverged(
-                f"step {self.step + 1}: the loss is {mean_loss} and the gradient norm {norm} (not finite); "
-                f"stopped before applying the update -- {where}; try a lower --lr or more --warmup-steps"
-            )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            norm = optimizer_step(self.optimizer, mean_loss, o.grad_clip, self.step)
+        except Diverged as err:
+            raise err.kept(last_good_checkpoint(self.run_dir)) from None
         self.step += 1
         return mean_loss, norm, lr
 
@@ -266,7 +257,7 @@ class _Run:
             return ""
         ids = ids[-self.config.context_length:]
         generator = torch.Generator(self.ctx.device).manual_seed(self.o.seed)
-        with _autocast(self.ctx.device, self.o.dtype):
+        with autocast(self.ctx.device, self.o.dtype):
             result = generate(self.model, [ids], max_new_tokens=self.o.sample_tokens,
                               temperature=self.o.sample_temperature, generator=generator)
         return self._decode_for_display(ids + result.tokens[0, : result.lengths[0]].tolist())
@@ -346,6 +337,7 @@ def _train(run: _Run) -> TrainingResult:
     rate_window: list[tuple[float, int]] = []
     tokens_per_second = None
     t_last = time.perf_counter()
+    stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
     try:
         while run.step < end:
             loss, norm, lr = run.train_step()
@@ -376,10 +368,16 @@ def _train(run: _Run) -> TrainingResult:
                 log.append(record)
                 if "val_loss" in record:
                     plot_losses(log.records, run.run_dir / "loss.png", baseline=baseline)
-            if run.step % checkpoint_every == 0 or is_last:
+            saved = run.step % checkpoint_every == 0 or is_last
+            if saved:
                 run.checkpoint()
+            if not is_last and dist_utils.any_rank(stop.signum is not None, ctx):
+                if not saved:
+                    run.checkpoint()
+                raise Interrupted(stop.signum, run.step, o.max_steps, run.run_dir / f"step-{run.step}")
             t_last = time.perf_counter()  # eval and checkpoint time stay out of tokens/s
     finally:
+        stop.close()
         bar.close()
 
     if run.step == o.max_steps and run.main:

@@ -1,11 +1,15 @@
-"""How the weights move: AdamW with weight decay on matrices only, and the warmup + cosine learning-rate schedule."""
+"""How the weights move: AdamW with weight decay on matrices only, the warmup + cosine learning-rate schedule, and
+the clipped step that refuses a non-finite loss -- shared by pretraining and every fine-tuning stage."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .lifecycle import Diverged
 
 
 def build_optimizer(
@@ -53,3 +57,34 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
 def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = value
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The warmup + cosine schedule of one run (``lr_at``); ``min_lr`` None = lr / 10."""
+
+    lr: float
+    min_lr: float | None
+    warmup_steps: int
+    max_steps: int
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Set the learning rate of 0-based ``step`` on every group; returns it."""
+        min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
+        value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
+        set_lr(optimizer, value)
+        return value
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: float, grad_clip: float, step: int) -> float:
+    """Clip the global gradient norm of the optimizer's parameters (``grad_clip`` 0 = measure only), refuse a
+    non-finite ``loss`` or norm (``Diverged``, gradients dropped, weights untouched), step, zero the gradients.
+    ``step`` is the 0-based step being taken; returns the gradient norm before clipping."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf))
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise Diverged(step + 1, loss, norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -5,72 +5,94 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import checks
+from ..checks import option
 from ..config import GPTConfig
+
+DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
 
 # The main job's model (vocab_size comes from the tokenizer): sized by timing runs so that the default
 # ``tinygpt train`` on the embedded corpus finishes in about 5 minutes on 2 CPU cores.
 DEFAULT_MODEL: dict[str, Any] = dict(context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0)
 
+TOKENIZER_HELP = ("gpt2 (the pretrained GPT-2 BPE), char (one id per character seen) or bpe[:VOCAB] (a byte-level "
+                   "BPE trained on the data; VOCAB >= 257, default 4096)")
+
 
 @dataclass
 class TrainingOptions:
-    """Every setting of a run. ``data=None`` and ``prepared=None`` train on the embedded corpus."""
+    """Every setting of a run. ``data=None`` and ``prepared=None`` train on the embedded corpus.
 
-    data: list[str] | None = None
-    prepared: str | None = None
-    tokenizer: str = "char"
-    config: str | GPTConfig | None = None
-    out_dir: str = "runs/tinygpt"
-    max_steps: int = 2000
-    stop_after: int | None = None
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 1e-3
-    min_lr: float | None = None
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
+    Each field's ``metadata`` holds its command-line help: ``tinygpt train`` is built from these fields."""
+
+    data: list[str] | None = option(None, "text files or folders, prepared into OUT/data (default: the Python "
+                                          "standard library's .py sources, which every Python installation carries)",
+                                    nargs="+", metavar="PATH", group="data")
+    prepared: str | None = option(None, "a folder written by `tinygpt prepare`", metavar="DIR", group="data")
+    tokenizer: str = option("char", f"{TOKENIZER_HELP}; ignored with --prepared")
+    config: str | GPTConfig | None = option(
+        None, "a preset name or a config .json file; a file without vocab_size takes the tokenizer's",
+        metavar="NAME|FILE.json",
+        default_help=", ".join(f"{k}={v}" for k, v in DEFAULT_MODEL.items()) + ", vocab_size from the tokenizer")
+    n_layers: int | None = option(None, "override the config's number of blocks L", metavar="L",
+                                  default_help="the config's")
+    n_heads: int | None = option(None, "override the config's attention heads H", metavar="H",
+                                 default_help="the config's")
+    emb_dim: int | None = option(None, "override the config's embedding width D", metavar="D",
+                                 default_help="the config's")
+    context_length: int | None = option(None, "override the config's context length C", metavar="C",
+                                        default_help="the config's")
+    out_dir: str = option("runs/tinygpt", "run folder: checkpoints, metrics, plot, final model", flag="--out",
+                          metavar="DIR")
+    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest one; auto = "
+                                      "OUT's newest, or a fresh start when there is none", metavar="DIR|auto",
+                                default_help="a fresh start")
+    max_steps: int = option(2000, "optimizer steps in all")
+    stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint) as if interrupted; "
+                                          "the schedule still runs to --max-steps, and --resume continues",
+                                    metavar="STEP", default_help="no stop")
+    batch_size: int = option(16, "windows per micro-batch per process")
+    grad_accum: int = option(1, "micro-batches per optimizer step")
+    lr: float = option(1e-3, "peak learning rate")
+    min_lr: float | None = option(None, "learning rate at the end of the cosine", default_help="lr/10")
+    warmup_steps: int = option(100, "linear warmup steps")
+    weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_iters: int = 20
-    checkpoint_every: int | None = None
-    keep_last: int = 2
-    seed: int = 1337
-    device: str | None = None
-    dtype: str = "auto"
-    compile: bool = False
-    fsdp: bool = False
-    resume: str | None = None
-    sample_tokens: int = 200
-    sample_prompt: str | None = None
-    sample_temperature: float = 0.8
-    peak_tflops: float | None = None
-    val_fraction: float = 0.1
-    progress: bool = True
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off")
+    eval_every: int = option(250, "evaluate train/val loss, print a sample, plot, every N steps", metavar="N")
+    eval_iters: int = option(20, "batches per split in each evaluation")
+    checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
+                                          default_help="--eval-every")
+    keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
+    seed: int = option(1337, "seed of init, data order and dropout")
+    device: str | None = option(None, "cpu, cuda or cuda:N", default_help="cuda when available")
+    dtype: str = option("auto", "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
+                                "else float32", choices=DTYPES)
+    compile: bool = option(False, "torch.compile the model")
+    fsdp: bool = option(False, "shard with FSDP2 fully_shard (under torchrun) instead of DDP")
+    sample_tokens: int = option(200, "tokens of the sample printed at each eval")
+    sample_prompt: str | None = option(None, "prompt of that sample", default_help="the start of the val text")
+    sample_temperature: float = option(0.8, "temperature of that sample, 0 = greedy")
+    peak_tflops: float | None = option(None, "peak TFLOP/s for the MFU estimate",
+                                       default_help="known GPUs' bf16 peak; none on CPU")
+    val_fraction: float = option(0.1, "the last fraction of the tokens held out for validation (with --data)")
+    progress: bool = option(True, "no progress bars", flag="--no-progress")
 
     def check(self) -> None:
-        """``ValueError`` naming the first bad setting."""
-        positive = ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        """``OptionError`` (a ``ValueError``) naming the first bad setting."""
+        for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_iters"):
+            checks.positive_int(name, getattr(self, name))
         for name in ("warmup_steps", "keep_last", "sample_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an integer >= 0")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every!r} must be >= 1")
-        if self.stop_after is not None and self.stop_after < 1:
-            raise ValueError(f"stop_after={self.stop_after!r} must be >= 1")
-        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={self.lr}, min_lr={self.min_lr})")
-        if not self.grad_clip >= 0:
-            raise ValueError(f"grad_clip={self.grad_clip!r} must be >= 0 (0 turns clipping off)")
-        if not self.sample_temperature >= 0:
-            raise ValueError(f"sample_temperature={self.sample_temperature!r} must be >= 0 (0 = greedy)")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r}; allowed: auto, float32, bfloat16")
+            checks.non_negative_int(name, getattr(self, name))
+        for name in ("checkpoint_every", "stop_after", "n_layers", "n_heads", "emb_dim", "context_length"):
+            checks.positive_int(name, getattr(self, name), optional=True)
+        checks.positive_number("lr", self.lr)
+        checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
+        checks.non_negative_number("weight_decay", self.weight_decay)
+        checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
+        checks.non_negative_number("sample_temperature", self.sample_temperature, note="(0 = greedy)")
+        checks.fraction("val_fraction", self.val_fraction)
+        checks.choice("dtype", self.dtype, DTYPES)
         if self.data is not None and self.prepared is not None:
             raise ValueError("give either data paths or a prepared corpus, not both")

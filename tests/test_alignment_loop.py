@@ -1,0 +1,91 @@
+"""The fine-tuning loop's shared rules: one source of truth for batch_size / val_fraction / seed, the divergence
+refusal it shares with pretraining (and its one-line CLI report)."""
+
+import pytest
+import torch
+
+from conftest import INSTRUCTION_DATA
+from tinygpt import GPTModel
+from tinygpt.alignment import FinetuneDiverged, FinetuneOptions, SFTStage, run_stage
+from tinygpt.alignment.data import load_instruction_data
+from tinygpt.training import TrainingDiverged, list_checkpoints
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _stage(tokenizer, config, **settings):
+    torch.manual_seed(0)
+    examples = load_instruction_data(INSTRUCTION_DATA, limit=16)
+    return SFTStage(GPTModel(config), tokenizer, examples, **settings)
+
+
+@pytest.mark.parametrize("name,stage_value,option_value", [
+    ("batch_size", 4, 8), ("val_fraction", 0.25, 0.1), ("seed", 1, 2),
+])
+def test_options_that_contradict_the_stage_are_refused(tmp_path, alignment_tokenizer, alignment_config, name,
+                                                       stage_value, option_value):
+    stage = _stage(alignment_tokenizer, alignment_config, **{name: stage_value})
+    with pytest.raises(ValueError, match=f"built with {name}={stage_value!r} but the options say "
+                                         f"{name}={option_value!r}"):
+        run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=1, progress=False, **{name: option_value}))
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_unset_options_take_the_stage_s_and_agreeing_ones_pass(tmp_path, alignment_tokenizer, alignment_config):
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4, val_fraction=0.25, seed=3)
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "a"), max_steps=1, progress=False))
+    assert result.step == 1
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4, val_fraction=0.25, seed=3)
+    run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "b"), max_steps=1, progress=False, batch_size=4,
+                                     val_fraction=0.25, seed=3))
+
+
+def test_the_api_functions_build_their_stage_from_the_options(tmp_path, alignment_model_dir, monkeypatch):
+    from tinygpt.alignment import loop, sft
+
+    seen = {}
+    real = loop.run_stage
+
+    def spy(stage, options):
+        seen.update(batch_size=stage.batch_size, val_fraction=stage.val_fraction, seed=stage.seed)
+        return real(stage, options)
+
+    monkeypatch.setattr(sft, "run_stage", spy)
+    sft.sft(alignment_model_dir, INSTRUCTION_DATA, FinetuneOptions(out_dir=str(tmp_path), max_steps=1, batch_size=3,
+                                                                   val_fraction=0.2, seed=9, progress=False,
+                                                                   device="cpu"), limit=10)
+    assert seen == {"batch_size": 3, "val_fraction": 0.2, "seed": 9}
+
+
+def test_divergence_is_the_pretraining_error_and_names_the_kept_checkpoint(tmp_path, alignment_tokenizer,
+                                                                          alignment_config, monkeypatch):
+    assert FinetuneDiverged is TrainingDiverged  # one error for both loops
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4)
+    real_loss = SFTStage.loss
+
+    def poisoned(self, items):
+        loss, metrics = real_loss(self, items)
+        return (loss * float("nan"), metrics) if poisoned.calls >= 3 else (loss, metrics)
+
+    poisoned.calls = 0
+    real_step = SFTStage.train_step
+
+    def counting(self, step, optimizer, grad_clip):
+        poisoned.calls = step
+        return real_step(self, step, optimizer, grad_clip)
+
+    monkeypatch.setattr(SFTStage, "loss", poisoned)
+    monkeypatch.setattr(SFTStage, "train_step", counting)
+    with pytest.raises(FinetuneDiverged, match=r"step 4: the loss is nan .* -- the last good checkpoint is .*step-2"):
+        run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=6, eval_every=2, progress=False))
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+
+
+def test_bf16_autocast_and_the_device_rule(tmp_path, alignment_tokenizer, alignment_config):
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4)
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=2, eval_every=2, dtype="bfloat16",
+                                              progress=False))
+    assert result.step == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.records)
+    assert next(stage.policy.parameters()).dtype == torch.float32  # autocast: the weights stay float32
+    with pytest.raises(ValueError, match="dtype='fp16' is not allowed; allowed: auto, float32, bfloat16"):
+        run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "x"), dtype="fp16"))

@@ -1,0 +1,130 @@
+"""tinygpt.cli.common and the command line's shape: flags built from the options' fields, errors in flag words
+naming the subcommand, shared flag families, escape decoding, bare `tinygpt` and `--version`."""
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from tinygpt import __version__
+from tinygpt.cli import build_parser, main
+from tinygpt.cli.common import add_options, decode_escapes, options_from_args
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+@pytest.mark.parametrize("command,cls_path,defaults", [
+    ("train", "tinygpt.training.options.TrainingOptions", {}),
+    ("sft", "tinygpt.alignment.options.FinetuneOptions", {"out_dir": "runs/sft", "lr": 5e-5, "batch_size": 8}),
+    ("ppo", "tinygpt.alignment.ppo.PPOConfig", {}),
+])
+def test_every_field_with_help_is_a_flag_and_the_defaults_round_trip(command, cls_path, defaults):
+    import importlib
+
+    module, name = cls_path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
+    parser = _subparser(command)
+    dests = {a.dest: a for a in parser._actions}
+    with_help = [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
+    assert len(with_help) >= 10
+    for f in with_help:
+        assert f.name in dests, f"{f.name} has help but no flag on `tinygpt {command}`"
+        assert dests[f.name].default == defaults.get(f.name, f.default)
+    required = ["--model", "m", "--data", "d"] if command == "sft" else (
+        ["--policy", "p", "--reward", "r", "--data", "d"] if command == "ppo" else [])
+    args = parser.parse_args(required)
+    assert options_from_args(cls, args) == cls(**{f.name: defaults.get(f.name, f.default) for f in with_help})
+
+
+def test_flag_names_types_and_inverted_booleans():
+    @dataclasses.dataclass
+    class Demo:
+        from tinygpt.checks import option
+
+        top_k: int | None = option(None, "keep K", metavar="K")
+        out_dir: str = option("x", "where", flag="--out")
+        progress: bool = option(True, "no bar", flag="--no-progress")
+        paths: list[str] | None = option(None, "inputs")
+        hidden: float = 1.5  # no help: not a flag
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, Demo)
+    args = parser.parse_args(["--top-k", "3", "--out", "y", "--no-progress", "--paths", "a", "b"])
+    assert options_from_args(Demo, args) == Demo(top_k=3, out_dir="y", progress=False, paths=["a", "b"])
+    assert "--hidden" not in parser.format_help()
+    assert "(default: x)" in parser.format_help()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["sft", "--model", "m", "--data", "d", "--batch-size", "0"],
+     "tinygpt sft: error: --batch-size 0 must be an integer >= 1 (or unset)"),
+    (["ppo", "--policy", "p", "--reward", "r", "--data", "d", "--top-k", "0"],
+     "tinygpt ppo: error: --top-k 0 must be an integer >= 1 (or unset)"),
+    (["ppo", "--policy", "p", "--reward", "r", "--data", "d", "--gamma", "2"],
+     "tinygpt ppo: error: --gamma 2.0 must be a number in [0, 1]"),
+    (["train", "--max-steps", "0"], "tinygpt train: error: --max-steps 0 must be an integer >= 1"),
+    (["train", "--lr", "0.1", "--min-lr", "0.5"], "tinygpt train: error: --min-lr 0.5 must be a number in [0, 0.1]"),
+    (["train", "--n-heads", "0"], "tinygpt train: error: --n-heads 0 must be an integer >= 1 (or unset)"),
+    (["dpo", "--model", "m", "--data", "d", "--val-fraction", "1"],
+     "tinygpt dpo: error: --val-fraction 1.0 must be a number in [0, 1)"),
+    (["train", "--bogus"], "tinygpt train: error: unrecognized arguments: --bogus"),
+    (["generate", "--model", "m", "--prompt", "x", "--stop", "\\q"], "tinygpt generate: error: argument --stop"),
+])
+def test_errors_name_the_subcommand_and_use_flag_names(capsys, argv, expected):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+    assert "_" not in err.split(":", 2)[2].split(" must")[0]  # no Python names such as top_k=
+
+
+def test_bare_tinygpt_lists_the_commands_and_version_exists():
+    bare = subprocess.run([sys.executable, "-m", "tinygpt"], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 0 and bare.stderr == ""
+    for command in ("train", "generate", "sft", "chat", "convert"):
+        assert f"    {command}" in bare.stdout
+    version = subprocess.run([sys.executable, "-m", "tinygpt", "--version"], capture_output=True, text=True,
+                             timeout=60)
+    assert version.returncode == 0 and version.stdout.strip() == f"tinygpt {__version__}"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "sft", "reward", "ppo", "dpo", "train"])
+def test_device_dtype_seed_and_tokenizer_flags_mean_the_same_everywhere(command):
+    dests = {a.dest: a for a in _subparser(command)._actions}
+    assert dests["device"].default is None and "cuda when available" in dests["device"].help
+    assert dests["dtype"].default == "auto" and list(dests["dtype"].choices) == ["auto", "float32", "bfloat16"]
+    assert "seed" in dests
+    if command != "train":
+        assert "tokenizer_dir" in dests
+    if command in ("generate", "chat"):
+        assert dests["seed"].default == 1337
+        for flag in ("top_k", "top_p", "repetition_penalty", "stop", "max_new_tokens", "temperature"):
+            assert flag in dests, flag
+
+
+def test_progress_flag_is_alike():
+    for command in ("train", "prepare", "sft", "reward", "ppo", "dpo"):
+        action = {a.dest: a for a in _subparser(command)._actions}["progress" if command != "prepare" else
+                                                                    "no_progress"]
+        assert action.option_strings == ["--no-progress"]
+
+
+@pytest.mark.parametrize("text,decoded", [
+    ("\\n\\n", "\n\n"), ("a\\tb", "a\tb"), ("\\\\n", "\\n"), ("\\x41\\u00e9", "Aé"), ("é\\n", "é\n"),
+    ("plain", "plain"), ("end\\", "end\\"),
+])
+def test_escapes_are_decoded(text, decoded):
+    assert decode_escapes(text) == decoded
+
+
+def test_no_deprecation_warnings_from_tinygpt_itself(tmp_path):
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-m", "tinygpt", "params",
+                           "--config", "tiny"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
