@@ -51,9 +51,9 @@ def test_the_api_functions_build_their_stage_from_the_options(tmp_path, alignmen
         return real(stage, options)
 
     monkeypatch.setattr(sft, "run_stage", spy)
-    sft.sft(alignment_model_dir, INSTRUCTION_DATA, FinetuneOptions(out_dir=str(tmp_path), max_steps=1, batch_size=3,
-                                                                   val_fraction=0.2, seed=9, progress=False,
-                                                                   device="cpu"), limit=10)
+    options = FinetuneOptions(out_dir=str(tmp_path / "run"), max_steps=1, batch_size=3, val_fraction=0.2, seed=9,
+                              progress=False, device="cpu")
+    sft.sft(alignment_model_dir, INSTRUCTION_DATA, options, limit=10)
     assert seen == {"batch_size": 3, "val_fraction": 0.2, "seed": 9}
 
 
