@@ -353,7 +353,8 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
 
     def model_card() -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "tinygpt",
-                "context_length": context, "vocab_size": vocab}
+                "context_length": context, "vocab_size": vocab, "n_layers": len(model.trf_blocks),
+                "n_heads": model.config.n_heads}
 
     async def list_models(request: Request) -> Response:
         authorize(request)

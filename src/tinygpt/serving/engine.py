@@ -9,8 +9,8 @@ key mask over the columns it owns.
 Layout of the batch cache: all rows are right-aligned at column ``width`` (the next column to write); row r owns
 columns ``width - cached_r .. width - 1``. A row's keys depend only on its tokens and its own positions (the
 ``positions`` argument), never on the column they are stored in, so copying a row's columns elsewhere changes
-nothing it computes. The cache is rebuilt (``_relayout``) when rows join or leave, or when the write column reaches
-the end of the cache; its capacity is what the rows still need, at most C. A row alone with no padding runs with
+nothing it computes. The cache is rebuilt (``_relayout``) when rows join or leave; its capacity is what the rows
+still need, at most C. A row alone with no padding runs with
 no mask and default positions: exactly ``generate``'s path for one prompt.
 
 Sampling is per row (``sampling.next_tokens`` on the row's logits [1, V], its own generator and seen-set), so a
@@ -377,8 +377,11 @@ class BatchEngine:
 
     def _step(self) -> None:
         """One decode step for every row: feed each row's last token at column ``width``."""
-        if self._dirty or self._width >= self._cache.max_length:
+        if self._dirty:
             self._relayout()
+        # No other re-packing is ever needed: after a layout the longest row starts at column 0, so the write
+        # column is that row's own length, which stays < C while it still has a token to feed; when it leaves,
+        # the rows change and are laid out again. The capacity covers every row's remaining steps (at most C).
         rows, width = self._rows, self._width
         tokens = torch.tensor([[r.last] for r in rows], device=self.device)  # [B, 1]
         positions = key_mask = None
