@@ -127,8 +127,17 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
                 raise bad(param, f"token id {t} is out of range: ids must satisfy 0 <= id < {vocab}")
         return ids
 
+    def token_bytes(token: int) -> bytes:
+        get = getattr(tokenizer, "token_bytes", None)
+        return get(token) if get is not None else tokenizer.decode([token]).encode("utf-8")
+
     def token_text(token: int) -> str:
-        return tokenizer.decode([token])
+        """A token as logprobs show it: its text, or for part of a UTF-8 character OpenAI's "bytes:\\xNN" form
+        (so that distinct tokens never share a key in ``top_logprobs``)."""
+        text = tokenizer.decode([token])
+        if "\ufffd" in text:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes(token))
+        return text
 
     def submit(prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
                logprobs: int | None, prompt_logprobs: bool) -> _Choices:
@@ -270,10 +279,9 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
 
     # ------------------------------------------------------------------------------- /v1/chat/completions
     def chat_logprob(t: TokenInfo) -> dict[str, Any]:
-        text = token_text(t.id)
-        return {"token": text, "logprob": t.logprob, "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [{"token": token_text(i), "logprob": lp,
-                                  "bytes": list(token_text(i).encode("utf-8"))} for i, lp in t.top]}
+        return {"token": token_text(t.id), "logprob": t.logprob, "bytes": list(token_bytes(t.id)),
+                "top_logprobs": [{"token": token_text(i), "logprob": lp, "bytes": list(token_bytes(i))}
+                                 for i, lp in t.top]}
 
     async def chat_completions(request: Request) -> Response:
         req = parse_chat(await body_of(request))
@@ -284,7 +292,7 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
         except ValueError as err:
             raise bad("messages", str(err)) from None
         ids = encode(prompt, "messages")
-        limit = fit_max_tokens(sampling.max_tokens, None, len(ids), context, req.max_tokens_param)
+        limit = fit_max_tokens(sampling.max_tokens, None, len(ids), context, req.max_tokens_param, "messages")
         stop = tuple(sampling.stop) + tuple(s for s in CHAT_STOP_TEXTS if s not in sampling.stop)
         choices = submit([ids], sampling, [limit], stop, req.logprobs, False)
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -262,11 +262,11 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
 
 
 def fit_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, context: int,
-                   param: str = "max_tokens") -> int:
+                   param: str = "max_tokens", prompt_param: str = "prompt") -> int:
     """The number of new tokens for a prompt: at most what fits the context (prompt + max_tokens - 1 <= C, the
     last token is never fed back). A requested count that does not fit is an error; the default is cut to fit."""
     if prompt_tokens > context:
-        raise bad("prompt", f"has {prompt_tokens} tokens, more than the model's context of {context} tokens")
+        raise bad(prompt_param, f"has {prompt_tokens} tokens, more than the model's context of {context} tokens")
     fit = context - prompt_tokens + 1
     if requested is None:
         return fit if default is None else min(default, fit)
