@@ -8,8 +8,8 @@ checkpoint and exported (``interop.hf.export_hf``) as a Hugging Face folder. Eac
 on 127.0.0.1; one load driver (asyncio + httpx, in this process) plays C concurrent clients, each sending
 ``--requests`` streaming ``/v1/completions`` requests one after another: greedy, ``max_tokens`` new tokens after a
 16-64-token prompt (slices of the-verdict.txt), after the same warm-up requests for every server. Per phase: aggregate completion tokens/s (the servers' own usage
-counts over the phase's wall time), time to first token (p50/p95), and the per-token latency (a request's time
-from its first to its last token / (tokens - 1), p50). tinygpt's own offline ``generate`` on the same prompts, one
+counts over the phase's wall time), time to first token (p50/p95), the per-token latency (a request's time
+from its first to its last token / (tokens - 1), p50), and the share of requests whose text is identical to HF's. tinygpt's own offline ``generate`` on the same prompts, one
 at a time, is the 1-client yardstick. Phases are run server by server at each client count, back to back.
 
 ``transformers serve`` is started as it ships (no continuous batching; ``--hf-continuous-batching`` turns its
@@ -126,7 +126,7 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> dict[str, float]:
     """One streaming request: time to first text, first-to-last token time, tokens (the usage count)."""
     start = time.perf_counter()
     first = last = None
-    chunks, tokens = 0, None
+    chunks, tokens, text = 0, None, []
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
@@ -136,6 +136,7 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> dict[str, float]:
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
+            text += [c.get("text") or "" for c in event.get("choices", [])]
             if any(c.get("text") for c in event.get("choices", [])):
                 now = time.perf_counter()
                 first = first if first is not None else now
@@ -143,7 +144,8 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> dict[str, float]:
                 chunks += 1
     if first is None:
         raise RuntimeError(f"{url}: a request streamed no text")
-    return {"ttft_s": first - start, "decode_s": last - first, "tokens": tokens if tokens is not None else chunks}
+    return {"ttft_s": first - start, "decode_s": last - first, "tokens": tokens if tokens is not None else chunks,
+            "text": "".join(text)}
 
 
 async def _load(url: str, bodies: list[list[dict[str, Any]]]) -> tuple[float, list[dict[str, float]]]:
@@ -207,6 +209,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         prompts = make_prompts(tokenizer, max(clients) * requests, lo, hi)
         result["prompt_tokens"] = [len(tokenizer.encode(p)) for p in prompts]
         servers: dict[str, ServerProcess] = {}
+        texts: dict[int, dict[str, list[str]]] = {}  # clients -> server -> the answers, in request order
         try:
             port = _free_port()
             servers["tinygpt"] = ServerProcess(
@@ -245,12 +248,20 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
                     wall, records = asyncio.run(_load(server.url, bodies))
                     row = phase_row("tinygpt serve" if name == "tinygpt" else "HF transformers serve", c, wall,
                                     records)
+                    texts.setdefault(c, {})[name] = [r["text"] for r in records]
                     log(f"{row['impl']:<22} {c:>3} clients: {row['tokens_per_s']:.1f} tok/s")
                     result["rows"].append(row)
         finally:
             for server in servers.values():
                 server.stop()
         result["rows"].append(offline_row(model, tokenizer, prompts[:requests], new_tokens))
+    # Same weights, greedy: the two servers should write the same text (float rounding may rarely flip a token).
+    # Compared without U+FFFD: where the last tokens end inside a UTF-8 character, tinygpt shows the replacement
+    # character (as ``stream_text`` does) and transformers serve drops the incomplete bytes.
+    result["answers"] = texts
+    result["same_text"] = {c: sum(a.replace("\ufffd", "") == b.replace("\ufffd", "")
+                                  for a, b in zip(t["tinygpt"], t["hf"])) / len(t["tinygpt"])
+                           for c, t in texts.items() if len(t) == 2}
     _ratios(result)
     return result
 
@@ -274,6 +285,8 @@ def table(result: dict[str, Any]) -> str:
                ("per_token_p50_ms", "per-token p50 ms")]
     lines = [format_table(result["rows"], columns), ""]
     lines += [f"{name}: {value:.2f}x" for name, value in result["ratios"].items()]
+    lines += [f"identical text to HF at {c} clients: {share:.0%} of requests" for c, share in
+              result.get("same_text", {}).items()]
     lines += [f"{name}: not available ({why})" for name, why in result["not_available"].items()]
     return "\n".join(lines)
 
