@@ -35,7 +35,7 @@ import torch
 
 from tinygpt import GPTConfig, GPTModel, generate
 
-from .common import format_table, pin_threads, shared_data_dir, write_json_atomic
+from .common import format_table, pin_threads, run_and_report, shared_data_dir
 from .models import gpt2_small
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -319,17 +319,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
     clients = args.clients or ([1, 2] if args.quick else [1, 4, 16])
     pin_threads()
-    result = run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
-                 max_batch=args.max_batch, hf=args.hf, hf_continuous_batching=args.hf_continuous_batching,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"torch {torch.__version__}, {result['threads']} threads, {result['new_tokens']} new tokens, "
-          f"{result['requests_per_client']} requests per client"
-          f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}")
-    print(table(result))
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0
+
+    def compute() -> dict[str, Any]:
+        return run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
+                   max_batch=args.max_batch, hf=args.hf, hf_continuous_batching=args.hf_continuous_batching,
+                   log=lambda line: print(line, file=sys.stderr, flush=True))
+
+    def report(result: dict[str, Any]) -> str:
+        return (f"torch {torch.__version__}, {result['threads']} threads, {result['new_tokens']} new tokens, "
+                f"{result['requests_per_client']} requests per client"
+                f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}\n" + table(result))
+
+    return run_and_report(parser, compute, report, args.json)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,29 @@ class _Choices:
         for req in self.requests:
             req.cancel()
 
+    async def gather(self) -> tuple[list[str], list[list[TokenInfo]], list[str], int]:
+        """Every choice's whole answer: (texts, tokens with the prompt's first when asked, finish reasons, the
+        completion tokens of all); a cancelled or failed row raises its ``APIError``; the rows are freed."""
+        count = len(self.requests)
+        texts, tokens, reasons, completion_tokens = [""] * count, [[] for _ in range(count)], [""] * count, 0
+        try:
+            async for index, event in self.events():
+                if isinstance(event, PromptLogprobs):
+                    tokens[index] = event.tokens + tokens[index]
+                elif isinstance(event, Step):
+                    texts[index] += event.text
+                    tokens[index].append(event.token)
+                else:
+                    error = _finish_error(event)
+                    if error is not None:
+                        raise error
+                    texts[index] += event.text
+                    reasons[index] = event.reason
+                    completion_tokens += event.completion_tokens
+        finally:
+            self.cancel()
+        return texts, tokens, reasons, completion_tokens
+
 
 def _finish_error(event: Finish) -> APIError | None:
     if event.reason == "cancelled":
@@ -247,26 +270,7 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
 
             return stream_response(choices, chunks())
 
-        texts = [""] * len(choices.requests)
-        tokens: list[list[TokenInfo]] = [[] for _ in choices.requests]
-        reasons = [""] * len(choices.requests)
-        completion_tokens = 0
-        try:
-            async for index, event in choices.events():
-                if isinstance(event, PromptLogprobs):
-                    tokens[index] = event.tokens + tokens[index]
-                elif isinstance(event, Step):
-                    texts[index] += event.text
-                    tokens[index].append(event.token)
-                else:
-                    error = _finish_error(event)
-                    if error is not None:
-                        raise error
-                    texts[index] += event.text
-                    reasons[index] = event.reason
-                    completion_tokens += event.completion_tokens
-        finally:
-            choices.cancel()
+        texts, tokens, reasons, completion_tokens = await choices.gather()
         out = []
         for index, text in enumerate(texts):
             prefix = prompt_texts[index // n] if req.echo else ""
@@ -329,24 +333,7 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
 
             return stream_response(choices, chunks())
 
-        texts = [""] * sampling.n
-        tokens: list[list[TokenInfo]] = [[] for _ in range(sampling.n)]
-        reasons = [""] * sampling.n
-        completion_tokens = 0
-        try:
-            async for index, event in choices.events():
-                if isinstance(event, Step):
-                    texts[index] += event.text
-                    tokens[index].append(event.token)
-                elif isinstance(event, Finish):
-                    error = _finish_error(event)
-                    if error is not None:
-                        raise error
-                    texts[index] += event.text
-                    reasons[index] = event.reason
-                    completion_tokens += event.completion_tokens
-        finally:
-            choices.cancel()
+        texts, tokens, reasons, completion_tokens = await choices.gather()
         out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
                 "logprobs": None if req.logprobs is None else {"content": [chat_logprob(t) for t in tokens[i]]},
                 "finish_reason": reasons[i]} for i in range(sampling.n)]
