@@ -45,6 +45,16 @@ def test_a_model_without_a_tokenizer_is_refused(tmp_path, capsys):
     assert "has no tokenizer: pass --tokenizer-dir" in capsys.readouterr().err
 
 
+def test_an_address_in_use_is_a_one_line_error(model_dir, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", str(model_dir), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tinygpt serve: error: cannot listen on 127.0.0.1:{port}:") and err.count("\n") == 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

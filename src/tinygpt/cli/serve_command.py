@@ -71,8 +71,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     app = create_app(model, tokenizer, model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
                      api_key=api_key)
-    print(f"tinygpt serve: {name} on http://{args.host}:{args.port} (max batch {args.max_batch}, "
-          f"queue {args.max_queue}{', API key required' if api_key else ''})", flush=True)
+    def announce(url: str) -> None:
+        print(f"tinygpt serve: {name} on {url} (max batch {args.max_batch}, queue {args.max_queue}"
+              f"{', API key required' if api_key else ''})", flush=True)
+
     run_server(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
-               log_level=args.log_level)
+               log_level=args.log_level, announce=announce)
     return 0

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -23,9 +23,26 @@ def _config(app: Any, shutdown_timeout: float, log_level: str, **kwargs: Any) ->
                           **kwargs)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound socket, or a ``ValueError`` saying why not (uvicorn would log it and exit with code 3)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as err:
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
 def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 10.0,
-               log_level: str = "info") -> list[int]:
-    """Serve until SIGTERM or SIGINT; returns the signals received (the caller exits 0 after a clean stop)."""
+               log_level: str = "info", announce: Callable[[str], None] | None = None) -> list[int]:
+    """Serve until SIGTERM or SIGINT; returns the signals received (the caller exits 0 after a clean stop).
+    ``announce`` gets the server's URL once the address is bound (an address in use is a ``ValueError``)."""
+    sock = _listen(host, port)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    if announce is not None:
+        announce(url)
     received: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
@@ -33,11 +50,10 @@ def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, shutdown_
 
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server = uvicorn.Server(_config(app, shutdown_timeout, log_level, host=host, port=port))
-        server.run()
-        if not server.started:
-            raise OSError(f"the server could not start on {host}:{port} (see the log above)")
+        server = uvicorn.Server(_config(app, shutdown_timeout, log_level))
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return received
