@@ -145,6 +145,8 @@ class _Row:
         self.cached = 0  # tokens whose keys/values are in the cache
         self.last = -1  # the last token drawn, fed at the next step
         self.n_new = 0
+        self.slot = -1  # its row in the batch cache
+        self.own_cache: KVCache | None = None  # its prefill cache until it joins the batch cache
         self.text = _TextTracker(tokenizer, req.stop_texts)
         self.generator = None
         if self.cfg.seed is not None and self.cfg.temperature > 0:
@@ -354,26 +356,36 @@ class BatchEngine:
         return False
 
     def _relayout(self) -> None:
-        """A fresh cache for the current rows, each row's columns right-aligned at the new width."""
-        rows = self._rows
+        """A fresh cache for the current rows, each row's columns right-aligned at the new width.
+
+        The rows already in the batch move together: one copy per layer of the old cache's last columns (a row's
+        own columns are among them, since every row ends at the write column); what else comes along is another
+        row's data or zeros in columns the row's key mask hides, whose softmax weight is exactly 0. Newcomers
+        bring their prefill cache, copied row by row.
+        """
+        old_rows = [r for r in self._rows if r.own_cache is None]
+        new_rows = [r for r in self._rows if r.own_cache is not None]
+        rows = old_rows + new_rows
         width = max(r.cached for r in rows)
         capacity = min(self.context, width + max(r.remaining for r in rows))
         cache = KVCache(self.model.config, len(rows), dtype=self.dtype, device=self.device, max_length=capacity)
         old, old_width = self._cache, self._width
+        span = min(width, old_width)
+        slots = torch.tensor([r.slot for r in old_rows], dtype=torch.long, device=self.device)
         for layer in range(len(cache.keys)):
-            for i, row in enumerate(rows):
-                own = getattr(row, "own_cache", None)
-                if own is not None:  # a newcomer: its prefill cache, columns 0..cached-1
-                    src_k, src_v, src_row, src_end = own.keys[layer], own.values[layer], 0, row.cached
-                else:
-                    src_k, src_v, src_row, src_end = old.keys[layer], old.values[layer], row.slot, old_width
-                n = row.cached
-                cache.keys[layer][i, :, width - n:width] = src_k[src_row, :, src_end - n:src_end]
-                cache.values[layer][i, :, width - n:width] = src_v[src_row, :, src_end - n:src_end]
+            if old_rows:
+                k = len(old_rows)
+                cache.keys[layer][:k, :, width - span:width] = old.keys[layer][slots, :, old_width - span:old_width]
+                cache.values[layer][:k, :, width - span:width] = (
+                    old.values[layer][slots, :, old_width - span:old_width])
+            for i, row in enumerate(new_rows, start=len(old_rows)):
+                n = row.cached  # the prefill cache holds columns 0..n-1
+                cache.keys[layer][i, :, width - n:width] = row.own_cache.keys[layer][0, :, :n]
+                cache.values[layer][i, :, width - n:width] = row.own_cache.values[layer][0, :, :n]
         for i, row in enumerate(rows):
             row.slot = i
             row.own_cache = None
-        self._cache, self._width, self._dirty = cache, width, False
+        self._rows, self._cache, self._width, self._dirty = rows, cache, width, False
 
     def _step(self) -> None:
         """One decode step for every row: feed each row's last token at column ``width``."""
