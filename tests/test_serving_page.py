@@ -38,22 +38,15 @@ def test_chat_streams_and_inspect_draws_a_causal_heat_map(browser_page, tmp_path
     with live_server(model, max_batch=2) as server:
         page.goto(server.url + "/")
         page.wait_for_function("document.getElementById('model-name').textContent === 'tiny'")
-        # Chat: the reply appears piece by piece; record how its text grows
-        page.evaluate("""() => {
-            window.seen = [];
-            new MutationObserver(() => {
-                const last = document.querySelector('#messages .msg.assistant:last-child');
-                if (last) window.seen.push(last.textContent);
-            }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
-        }""")
+        # Chat: the reply arrives as several streamed deltas, each appended to the bubble as it comes
         page.fill("#max_tokens", "24")
         page.fill("#chat-input", "Name a colour.")
         page.click("#send")
-        page.wait_for_function("!document.getElementById('send').disabled && window.seen.length > 0")
+        page.wait_for_function("window.tinygpt.reply !== null && window.tinygpt.reply.done")
         assert page.locator("#messages .msg.error").count() == 0
         reply = page.locator("#messages .msg.assistant").last.text_content()
-        grown = [t for t in page.evaluate("window.seen") if t]
-        assert reply and len(set(grown)) > 1 and grown[-1] == reply  # streamed: several lengths, then the answer
+        streamed = page.evaluate("window.tinygpt.reply")
+        assert reply and streamed["text"] == reply and streamed["deltas"] > 1
         page.screenshot(path=str(tmp_path / "chat.png"))
 
         # Inspect: tokens, the next-token table, and the heat map of layer 1, head 1

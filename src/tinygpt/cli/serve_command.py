@@ -9,7 +9,7 @@ from pathlib import Path
 from .common import CommandError
 
 API_KEY_ENV = "TINYGPT_API_KEY"
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else no key)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="convert the weights to this dtype (default: as stored)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds the in-flight requests get to finish (default: 10)")
@@ -60,7 +60,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    dtype = None if args.dtype is None else getattr(torch, DTYPES[args.dtype])
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
     try:
         device = torch.device(args.device)
     except RuntimeError as err:
