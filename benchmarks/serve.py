@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tinygpt import GPTConfig, GPTModel, generate
+from tinygpt import GPTConfig, GPTModel, generate, save_model
 
 from .common import format_table, pin_threads, run_and_report, shared_data_dir
 from .models import gpt2_small
@@ -75,7 +75,7 @@ def prepare(directory: Path, config: GPTConfig) -> tuple[GPTModel, Any, Path, Pa
     model = GPTModel(config).eval()
     tokenizer = _gpt2_tokenizer()
     ours, theirs = directory / "tinygpt", directory / "hf"
-    model.save_pretrained(ours, tokenizer=tokenizer)
+    save_model(model, ours, tokenizer=tokenizer)
     export_hf(model, theirs, tokenizer=tokenizer)
     return model, tokenizer, ours, theirs
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from serving_support import tiny_model, tokenizer
+from tinygpt import save_model
 from tinygpt.cli import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -23,7 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.fixture
 def model_dir(tmp_path):
-    tiny_model(context_length=64).save_pretrained(tmp_path / "m", tokenizer=tokenizer())
+    save_model(tiny_model(context_length=64), tmp_path / "m", tokenizer=tokenizer())
     return tmp_path / "m"
 
 
@@ -40,7 +41,7 @@ def test_bad_flags_are_one_line_errors(model_dir, capsys, flags, message):
 
 
 def test_a_model_without_a_tokenizer_is_refused(tmp_path, capsys):
-    tiny_model().save_pretrained(tmp_path / "bare")
+    save_model(tiny_model(), tmp_path / "bare")
     assert main(["serve", "--model", str(tmp_path / "bare")]) == 2
     assert "has no tokenizer: pass --tokenizer-dir" in capsys.readouterr().err
 
