@@ -53,6 +53,19 @@ def _batch_size(value: object) -> int:
     return size
 
 
+def _resolve_device(device: str | None) -> str:
+    """lm-eval's command line passes cuda:0 unless told otherwise; like its HF class, use the CPU when there is no
+    CUDA device (and the first GPU when none is named and one exists)."""
+    import logging
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        logging.getLogger(__name__).warning("device %s is not available; using the CPU", device)
+        return "cpu"
+    return device
+
+
 @register_model("tinygpt")
 class TinyGPTLM(TemplateLM):
     """A tinygpt model for lm-eval. Either ``path`` (a tinygpt checkpoint, a Hugging Face GPT-2 folder or a hub name,
@@ -84,7 +97,7 @@ class TinyGPTLM(TemplateLM):
         if path is not None:
             from ..interop.pretrained import load_pretrained
 
-            model, tokenizer = load_pretrained(str(path), tokenizer_dir=tokenizer_dir, device=device or "cpu",
+            model, tokenizer = load_pretrained(str(path), tokenizer_dir=tokenizer_dir, device=_resolve_device(device),
                                                dtype=_DTYPES.get(dtype) if dtype else None)
         elif not isinstance(model, GPTModel):
             raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
@@ -137,8 +150,8 @@ class TinyGPTLM(TemplateLM):
             if len(continuation) > c:
                 raise ValueError(f"a continuation of {len(continuation)} tokens does not fit the context of {c}")
             rows.append(((context + continuation)[-(c + 1):], len(continuation)))  # left-truncated as lm-eval's HF
-        scores = score_rows(self.model, rows, batch_size=self.batch_size_per_call, progress=self.progress and not disable_tqdm,
-                            desc="loglikelihood")
+        scores = score_rows(self.model, rows, batch_size=self.batch_size_per_call,
+                            progress=self.progress and not disable_tqdm, desc="loglikelihood")
         out = []
         for (request, _, _), score in zip(requests, scores):
             answer = (score.logprob, score.greedy)
@@ -157,8 +170,8 @@ class TinyGPTLM(TemplateLM):
             for context, prediction in map(lm_utils.make_disjoint_window, windows):
                 rows.append(((context + prediction)[-(self.max_length + 1):], len(prediction)))
                 owners.append(index)
-        scores = score_rows(self.model, rows, batch_size=self.batch_size_per_call, progress=self.progress and not disable_tqdm,
-                            desc="loglikelihood_rolling")
+        scores = score_rows(self.model, rows, batch_size=self.batch_size_per_call,
+                            progress=self.progress and not disable_tqdm, desc="loglikelihood_rolling")
         totals = [0.0] * len(requests)
         for index, score in zip(owners, scores):
             totals[index] += score.logprob

@@ -63,6 +63,6 @@ def resolve_tasks(names: str | list[str], include_path: str | Path | None = None
     known = set(manager.all_tasks)
     unknown = [n for n in wanted if n not in known]
     if unknown:
-        raise ValueError(f"unknown task {', '.join(map(repr, unknown))}; shipped (offline): {', '.join(SHIPPED_TASKS)}; "
-                         f"lm-eval's own are listed by `lm-eval ls tasks`")
+        raise ValueError(f"unknown task {', '.join(map(repr, unknown))}; shipped (offline): "
+                         f"{', '.join(SHIPPED_TASKS)}; lm-eval's own are listed by `lm-eval ls tasks`")
     return wanted, manager
