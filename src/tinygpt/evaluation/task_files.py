@@ -59,7 +59,7 @@ def resolve_tasks(names: str | list[str], include_path: str | Path | None = None
     if include_path is not None:
         check_task_files(include_path)
         paths.append(Path(include_path))
-    manager = TaskManager(include_path=[str(p) for p in paths], verbosity="ERROR")
+    manager = TaskManager(include_path=[str(p) for p in paths])
     known = set(manager.all_tasks)
     unknown = [n for n in wanted if n not in known]
     if unknown:
