@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,7 +24,7 @@ import torch
 from tinygpt import GPTConfig, gpt2_tokenizer
 from tinygpt.tokenizer import HF_GPT2_FILES
 
-from .common import format_table, pin_threads, shared_data_dir, write_json_atomic
+from .common import format_table, pin_threads, run_and_report, shared_data_dir, time_interleaved
 from .models import build_hf, build_tinygpt, gpt2_small
 
 TASKS = ("tinygpt_lastword", "tinygpt_choice")
@@ -81,27 +79,20 @@ def run(quick: bool, *, repeats: int | None = None, batch_size: int = 16, thread
         tokens += len(tokenizer.encode(context + continuation))
     impls = {"tinygpt": lambda: ours.loglikelihood(requests, disable_tqdm=True),
              "hf": lambda: theirs.loglikelihood(requests, disable_tqdm=True)}
-    answers = {name: fn() for name, fn in impls.items()}  # warm-up (and the values compared below)
-    times: dict[str, list[float]] = {name: [] for name in impls}
-    for round_ in range(repeats):
-        for name, fn in impls.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-            log(f"round {round_ + 1}/{repeats} {name}: {times[name][-1]:.2f} s")
-    ours_median = statistics.median(times["tinygpt"])
-    rows = []
-    for name, t in times.items():
-        median = statistics.median(t)
-        rows.append({"impl": name, "time_s": median, "min_s": min(t), "max_s": max(t), "samples": len(t),
-                     "requests_per_s": len(requests) / median, "tokens_per_s": tokens / median,
-                     "tinygpt_speedup": median / ours_median})
+    answers = {name: fn() for name, fn in impls.items()}  # the warm-up, and the values compared below
+    log(f"{len(requests)} requests, {tokens} tokens: {repeats} interleaved rounds")
+    stats = time_interleaved(impls, warmup=0, repeats=repeats)
+    rows = [{"impl": name, "time_s": st["median_s"], "min_s": st["min_s"], "max_s": st["max_s"],
+             "samples": st["samples"], "requests_per_s": len(requests) / st["median_s"],
+             "tokens_per_s": tokens / st["median_s"], "tinygpt_speedup": st["median_s"] / stats["tinygpt"]["median_s"]}
+            for name, st in stats.items()]
     diff = max(abs(a[0] - b[0]) for a, b in zip(answers["tinygpt"], answers["hf"]))
     same_greedy = all(a[1] == b[1] for a, b in zip(answers["tinygpt"], answers["hf"]))
     return {"quick": quick, "config": config.to_dict(), "tasks": list(TASKS), "requests": len(requests),
             "tokens": tokens, "batch_size": batch_size, "threads": torch.get_num_threads(), "rows": rows,
             "max_abs_loglikelihood_diff": diff, "same_greedy": same_greedy,
-            "speedup_vs_hf": statistics.median(times["hf"]) / ours_median, "target": TARGET}
+            "speedup_vs_hf": stats["hf"]["median_s"] / stats["tinygpt"]["median_s"], "target": TARGET,
+            "torch": torch.__version__}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -110,6 +101,8 @@ def table(result: dict[str, Any]) -> str:
                ("requests_per_s", "requests/s"), ("tokens_per_s", "tokens/s"), ("tinygpt_speedup", "tinygpt speedup")]
     met = "met" if result["speedup_vs_hf"] >= result["target"] else "NOT met"
     return "\n".join([
+        f"torch {result['torch']}, {result['threads']} threads"
+        f"{' (quick mode: tiny sizes, figures mean nothing)' if result['quick'] else ''}",
         f"{result['requests']} loglikelihood requests ({', '.join(result['tasks'])}), {result['tokens']:,} tokens, "
         f"batch size {result['batch_size']} for both",
         format_table(rows, columns), "",
@@ -133,15 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
     if args.threads is None:
         pin_threads()
-    result = run(args.quick, repeats=args.repeats, batch_size=args.batch_size, threads=args.threads,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"torch {torch.__version__}, {result['threads']} threads"
-          f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}")
-    print(table(result))
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0
+    return run_and_report(parser, lambda: run(args.quick, repeats=args.repeats, batch_size=args.batch_size,
+                                              threads=args.threads,
+                                              log=lambda line: print(line, file=sys.stderr, flush=True)),
+                          table, args.json)
 
 
 if __name__ == "__main__":
