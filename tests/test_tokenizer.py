@@ -208,3 +208,14 @@ def test_corrupt_gpt2_files(tmp_path, gpt2_vocab_dir):
     (tmp_path / "vocab.bpe").write_text("#version: 0.2\nĠ t\n")
     with pytest.raises(GPT2VocabularyError, match="not a valid GPT-2 vocabulary"):
         gpt2_tokenizer(tmp_path)
+
+
+def test_token_bytes_rebuild_the_utf8_text_even_where_a_token_splits_a_character(gpt2_vocab_dir):
+    from tinygpt.tokenizer import BPETokenizer, CharTokenizer, gpt2_tokenizer
+
+    text = "naïve café → 東京"
+    for tok in (gpt2_tokenizer(gpt2_vocab_dir), BPETokenizer.train([text * 3], 270), CharTokenizer(text)):
+        ids = tok.encode(text)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8"), tok
+    gpt2 = gpt2_tokenizer(gpt2_vocab_dir)
+    assert gpt2.token_bytes(gpt2.eot_id) == b"<|endoftext|>"

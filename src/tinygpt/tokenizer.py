@@ -64,6 +64,11 @@ class Tokenizer(abc.ABC):
     def encode_batch(self, texts: Sequence[str], *, allowed_special: bool = False) -> list[list[int]]:
         return [self.encode(t, allowed_special=allowed_special) for t in texts]
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token (a byte-level BPE token may hold part of a UTF-8 character, which ``decode``
+        shows as U+FFFD)."""
+        return self.decode([token]).encode("utf-8")
+
     @abc.abstractmethod
     def save(self, directory: str | Path) -> None:
         """Write ``tokenizer.json`` (and the files it names) into ``directory``, each file atomically."""
@@ -121,6 +126,9 @@ class GPT2Tokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.encoding.decode(self._check_ids(ids))
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(self._check_ids([token])[0])
 
     def save(self, directory: str | Path) -> None:
         self.write_files(directory)
@@ -250,6 +258,14 @@ class CharTokenizer(Tokenizer):
 
 
 # ------------------------------------------------------------------------------------------------ BPE
+def _byte_level_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted (``bytes_to_unicode`` in openai/gpt-2's encoder.py): printable bytes
+    stand for themselves, the other 68 are moved to U+0100 onwards in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
 class BPETokenizer(Tokenizer):
     """A byte-level BPE (``tokenizers.Tokenizer``) with ``<|endoftext|>``; decodes its own encodings exactly."""
 
@@ -274,6 +290,13 @@ class BPETokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(self._check_ids(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self.tokenizer.id_to_token(self._check_ids([token])[0])
+        if token == self.eot_id:
+            return piece.encode("utf-8")
+        table = _byte_level_bytes()
+        return bytes(table[c] for c in piece)
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)

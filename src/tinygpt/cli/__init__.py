@@ -14,6 +14,7 @@ from .common import CommandError, Parser
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
 from .bench_command import _add_bench
 from .eval_command import _add_eval
+from .serve_command import _add_serve
 from .experiment_commands import _add_experiment
 from .model_commands import _add_params, _add_verify, _add_generate, _add_convert
 from .training_commands import _add_prepare, _add_train
@@ -23,6 +24,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat, _add_bench,
 ]
 COMMANDS.append(_add_eval)
+COMMANDS.append(_add_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

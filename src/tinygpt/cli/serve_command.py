@@ -1,0 +1,80 @@
+"""``tinygpt serve``: an OpenAI-compatible HTTP server (and a page) for one model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .common import CommandError
+
+API_KEY_ENV = "TINYGPT_API_KEY"
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-compatible API with batching, and a web page")
+    p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
+                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
+    p.add_argument("--tokenizer-dir", metavar="DIR", help="a tokenizer to use instead of the model's own")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--max-batch", type=int, default=8, metavar="N",
+                   help="rows decoded together; requests beyond wait in the queue (default: 8)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="rows that may wait for a place in the batch; beyond, 429 + Retry-After (default: 64)")
+    p.add_argument("--model-name", metavar="NAME",
+                   help="the model's id in the API (default: the directory's name or the hub name)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else no key)")
+    p.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="convert the weights to this dtype (default: as stored)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
+                   help="on SIGTERM/SIGINT, seconds the in-flight requests get to finish (default: 10)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
+                   help="uvicorn's log level (default: info)")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    if args.max_batch < 1:
+        raise CommandError(f"--max-batch={args.max_batch} must be >= 1")
+    if args.max_queue < 0:
+        raise CommandError(f"--max-queue={args.max_queue} must be >= 0")
+    if not 0 <= args.port <= 65535:
+        raise CommandError(f"--port={args.port} must be in 0..65535")
+    if args.shutdown_timeout < 0:
+        raise CommandError(f"--shutdown-timeout={args.shutdown_timeout} must be >= 0")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise CommandError("--api-key must not be empty")
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise CommandError(f"serving needs the serve extra: pip install 'tinygpt[serve]' ({err})") from None
+    import torch
+
+    from ..interop.pretrained import load_pretrained
+    from ..serving.app import create_app
+    from ..serving.server import run_server
+
+    dtype = None if args.dtype is None else getattr(torch, DTYPES[args.dtype])
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise CommandError(f"--device {args.device!r} is not a torch device ({err})") from None
+    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device, dtype=dtype)
+    if tokenizer is None:
+        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+    name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
+    app = create_app(model, tokenizer, model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
+                     api_key=api_key)
+    def announce(url: str) -> None:
+        print(f"tinygpt serve: {name} on {url} (max batch {args.max_batch}, queue {args.max_queue}"
+              f"{', API key required' if api_key else ''})", flush=True)
+
+    run_server(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
+               log_level=args.log_level, announce=announce)
+    return 0

@@ -1,0 +1,58 @@
+"""What the page's Inspect view shows: tokens, next-token probabilities, attention weights, the logit lens.
+
+The attention weights are the model's own (``experiments.attention.attention_weights``: the block's
+``MultiHeadAttention`` on its ``return_weights`` path), so entries above the diagonal are exactly 0. The logit lens
+(nostalgebraist 2020) applies the final norm and the head to the residual stream after each block: what the model
+"would say" if it stopped there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..experiments.attention import attention_weights
+from ..text_stream import TextCodec
+
+
+def _token_texts(tokenizer: TextCodec, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def _top_list(probs: torch.Tensor, top: int, tokenizer: TextCodec) -> list[list[dict[str, Any]]]:
+    """probs [T, V] -> per position the ``top`` most likely tokens as {id, token, prob}."""
+    values, ids = probs.topk(min(top, probs.shape[-1]), dim=-1)
+    return [[{"id": i, "token": tokenizer.decode([i]), "prob": round(p, 6)} for i, p in zip(row_ids, row_p)]
+            for row_ids, row_p in zip(ids.tolist(), values.tolist())]
+
+
+@torch.inference_mode()
+def inspect_text(model: nn.Module, tokenizer: TextCodec, ids: list[int], *, layer: int, top: int,
+                 logit_lens: bool) -> dict[str, Any]:
+    """The Inspect view's data for ids (non-empty, within the context):
+
+    ``tokens`` [T] {id, text}; ``next`` [T][top] the next-token distribution after each position; ``attention``
+    [H][T][T] the weights of block ``layer`` (query row, key column; rounded to 6 decimals, exact zeros stay 0);
+    with ``logit_lens``, ``lens`` [L][T] the top token after each block."""
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
+    probs = model(idx)[0].float().softmax(-1)  # [T, V]
+    weights, _ = attention_weights(model, idx, layer)  # [1, H, T, T]
+    out: dict[str, Any] = {
+        "tokens": [{"id": i, "text": t} for i, t in zip(ids, _token_texts(tokenizer, ids))],
+        "next": _top_list(probs, top, tokenizer),
+        "layer": layer,
+        "n_layers": len(model.trf_blocks),
+        "n_heads": weights.shape[1],
+        "attention": weights[0].float().round(decimals=6).tolist(),
+    }
+    if logit_lens:
+        x, rope = model.embed(idx)
+        lens = []
+        for block in model.trf_blocks:
+            x = block(x, rope=rope)
+            p = model.head_logits(model.final_norm(x))[0].float().softmax(-1)  # [T, V]
+            lens.append([row[0] for row in _top_list(p, 1, tokenizer)])
+        out["lens"] = lens
+    return out

@@ -1,0 +1,118 @@
+"""Request bodies -> dataclasses; every bad field is a 400 naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinygpt.serving.protocol import (
+    APIError, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect, parse_json,
+    parse_tokenize,
+)
+
+
+def test_defaults_are_openais():
+    req = parse_completion({"prompt": "hi"})
+    s = req.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.n, s.stream, s.stop) == (None, 1.0, 1.0, None, 1,
+                                                                                      False, [])
+    assert req.prompts == ["hi"] and req.echo is False and req.logprobs is None
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("a", ["a"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]]),
+])
+def test_the_four_prompt_forms(prompt, expected):
+    assert parse_completion({"prompt": prompt}).prompts == expected
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[1], []]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "a", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "a", "max_tokens": True}, "max_tokens"),
+    ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "temperature": "hot"}, "temperature"),
+    ({"prompt": "a", "top_p": 0}, "top_p"),
+    ({"prompt": "a", "top_k": -3}, "top_k"),
+    ({"prompt": "a", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "a", "n": 0}, "n"),
+    ({"prompt": "a", "n": 17}, "n"),
+    ({"prompt": "a", "stop": ["a"] * 5}, "stop"),
+    ({"prompt": "a", "stop": [""]}, "stop"),
+    ({"prompt": "a", "stop": 3}, "stop"),
+    ({"prompt": "a", "stream": "yes"}, "stream"),
+    ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"prompt": "a", "presence_penalty": 1}, "presence_penalty"),
+    ({"prompt": "a", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "a", "best_of": 3}, "best_of"),
+    ({"prompt": "a", "suffix": "x"}, "suffix"),
+    ({"prompt": "a", "mystery": 1}, "mystery"),
+])
+def test_bad_completion_fields(body, param):
+    with pytest.raises(APIError) as err:
+        parse_completion(body)
+    assert err.value.status == 400 and err.value.param == param and err.value.message.startswith(param)
+
+
+def test_neutral_values_of_unsupported_fields_and_no_top_k_spellings_are_accepted():
+    s = parse_completion({"prompt": "a", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+                          "top_k": -1, "best_of": 1, "user": "me"}).sampling
+    assert s.top_k is None
+    assert parse_completion({"prompt": "a", "top_k": 0}).sampling.top_k is None
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "max_completion_tokens": 2},
+     "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_bad_chat_fields(body, param):
+    with pytest.raises(APIError) as err:
+        parse_chat(body)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_chat_content_parts_and_logprobs():
+    req = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                {"type": "text", "text": "b"}]}],
+                      "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5})
+    assert req.messages == [("user", "ab")] and req.logprobs == 3 and req.sampling.max_tokens == 5
+    assert req.max_tokens_param == "max_completion_tokens"
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).logprobs == 0
+
+
+def test_max_tokens_must_fit_the_context_and_the_default_is_cut_to_fit():
+    assert fit_max_tokens(None, 16, 10, 64) == 16
+    assert fit_max_tokens(None, 16, 60, 64) == 5  # 60 + 5 - 1 = 64
+    assert fit_max_tokens(None, None, 60, 64) == 5
+    assert fit_max_tokens(5, None, 60, 64) == 5
+    with pytest.raises(APIError, match="at most 5 fit"):
+        fit_max_tokens(6, None, 60, 64)
+    with pytest.raises(APIError, match="prompt: has 65 tokens, more than the model's context of 64"):
+        fit_max_tokens(None, 16, 65, 64)
+
+
+def test_json_tokenize_detokenize_inspect():
+    with pytest.raises(APIError, match="not valid JSON"):
+        parse_json(b"{")
+    with pytest.raises(APIError, match="JSON object"):
+        parse_json(b"[]")
+    assert parse_tokenize({"prompt": "x"}) == (None, "x")
+    assert parse_tokenize({"model": "m", "content": "y"}) == ("m", "y")
+    with pytest.raises(APIError, match="tokens"):
+        parse_detokenize({"tokens": ["a"]})
+    assert parse_inspect({"text": "x"}).layer == 0
+    with pytest.raises(APIError, match="text"):
+        parse_inspect({"text": ""})
+    with pytest.raises(APIError, match="top"):
+        parse_inspect({"text": "x", "top": 0})
