@@ -40,13 +40,11 @@ def quick_config() -> GPTConfig:
 def loglikelihood_requests(limit: int | None) -> list[Any]:
     """The shipped tasks' loglikelihood ``Instance``s, as lm-eval builds them (offline)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from lm_eval.tasks import get_task_dict
-
     from tinygpt.evaluation.task_files import resolve_tasks
 
     names, manager = resolve_tasks(list(TASKS))
     requests = []
-    for name, task in get_task_dict(names, manager).items():
+    for task in manager.load(names)["tasks"].values():
         task.build_all_requests(limit=limit, rank=0, world_size=1)
         requests += task.instances
     return requests

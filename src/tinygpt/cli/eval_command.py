@@ -142,8 +142,8 @@ def _tasks(args, model, tokenizer, tasks) -> dict:
                 continue
             if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
                 figures[metric] = float(value)
-        figures["items"] = int(results.get("n-samples", {}).get(name, {}).get("effective", metrics.get("sample_len", 0))
-                               or 0)
+        counted = results.get("n-samples", {}).get(name, {})  # a group of tasks has no count of its own
+        figures["items"] = int(counted.get("effective", metrics.get("sample_len", 0)) or 0)
         out[name] = figures
     return out
 

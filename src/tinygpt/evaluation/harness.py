@@ -193,10 +193,10 @@ class TinyGPTLM(TemplateLM):
                 max_new = int(kwargs.pop("max_gen_toks"))
                 if max_new >= self.max_length:
                     raise ValueError(f"max_gen_toks={max_new} must be less than the context of {self.max_length}")
+                sampled = bool(kwargs.get("do_sample"))  # normalize_gen_kwargs made temperature 0 otherwise
                 settings = GenerationConfig(
-                    max_new_tokens=max_new, temperature=float(kwargs.get("temperature", 0.0)) if
-                    kwargs.get("do_sample") else 0.0, top_p=float(kwargs.get("top_p", 1.0) or 1.0),
-                    eos_id=self.tokenizer.eot_id,
+                    max_new_tokens=max_new, temperature=float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
+                    top_p=float(kwargs.get("top_p") or 1.0), eos_id=self.tokenizer.eot_id,
                 )
                 prompts = {i: self.tok_encode(requests[i].args[0])[-(self.max_length - max_new):] or
                            [self.prefix_token_id] for i in indices}
