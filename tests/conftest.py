@@ -135,3 +135,22 @@ def rename_snapshots(tmp_path, monkeypatch):
         return shots
 
     return start
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+@pytest.fixture(scope="session")
+def eval_model_dirs(tmp_path_factory):
+    """(tinygpt checkpoint, its Hugging Face export): a seeded tiny GPT with GPT-2's vocabulary (so that lm-eval's HF
+    class can tokenize with the exported vocab.json + merges.txt) and a 64-token context."""
+    if not (GPT2_VOCAB_DIR / "encoder.json").exists():
+        pytest.skip(f"GPT-2 vocabulary files not found in {GPT2_VOCAB_DIR}")
+    from tinygpt import GPTModel, gpt2_tokenizer, save_model
+    from tinygpt.interop.hf import export_hf
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, context_length=64, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=True)
+    model, tokenizer = GPTModel(config).eval(), gpt2_tokenizer(GPT2_VOCAB_DIR)
+    root = tmp_path_factory.mktemp("eval_models")
+    save_model(model, root / "tinygpt", tokenizer=tokenizer)
+    export_hf(model, root / "hf", tokenizer=tokenizer)
+    return root / "tinygpt", root / "hf"

@@ -1,0 +1,80 @@
+"""lm-eval's own ``local-completions`` model pointed at ``tinygpt serve``: the shipped tasks give the same
+log-likelihoods (within 1e-4), accuracies and generated answers as tinygpt's in-process class on the same weights.
+
+The server runs in a thread on 127.0.0.1 at a free port. lm-eval tokenizes with the exported checkpoint's own
+vocab.json + merges.txt (``tokenizer_backend=huggingface`` on a local folder: no hub), sends token ids, and reads the
+prompt's log-probabilities back through ``echo`` + ``logprobs``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+pytest.importorskip("tenacity")  # lm-eval's API models import it
+pytest.importorskip("tinygpt.serving")
+pytest.importorskip("uvicorn")
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import lm_eval  # noqa: E402
+import torch  # noqa: E402
+
+from tinygpt import GPTConfig, GPTModel, gpt2_tokenizer  # noqa: E402
+from tinygpt.evaluation.harness import TinyGPTLM  # noqa: E402
+from tinygpt.evaluation.task_files import SHIPPED_TASKS, resolve_tasks  # noqa: E402
+from tinygpt.interop.hf import export_hf  # noqa: E402
+from tinygpt.serving.app import create_app  # noqa: E402
+from tinygpt.serving.server import BackgroundServer  # noqa: E402
+
+from conftest import GPT2_VOCAB_DIR  # noqa: E402
+
+LIMIT = 6
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(model, tokenizer, the HF export folder, the live server); a 256-token context, so that no request of the
+    shipped tasks is truncated (lm-eval's API class truncates to max_length tokens, its HF class to max_length+1)."""
+    if not (GPT2_VOCAB_DIR / "encoder.json").exists():
+        pytest.skip(f"GPT-2 vocabulary files not found in {GPT2_VOCAB_DIR}")
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, context_length=256, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=True)
+    model, tokenizer = GPTModel(config).eval(), gpt2_tokenizer(GPT2_VOCAB_DIR)
+    folder = tmp_path_factory.mktemp("served") / "hf"
+    export_hf(model, folder, tokenizer=tokenizer)
+    with BackgroundServer(create_app(model, tokenizer, model_name="tiny")) as server:
+        yield model, tokenizer, folder, server
+
+
+def test_local_completions_against_tinygpt_serve_match_in_process(served):
+    model, tokenizer, folder, server = served
+    _, manager = resolve_tasks(list(SHIPPED_TASKS))
+    args = (f"base_url={server.url}/v1/completions,model=tiny,tokenizer_backend=huggingface,tokenizer={folder},"
+            f"max_length=256,num_concurrent=1,max_retries=1,timeout=120")
+    common = dict(tasks=list(SHIPPED_TASKS), task_manager=manager, limit=LIMIT, log_samples=True, bootstrap_iters=0)
+    over_http = lm_eval.simple_evaluate(model="local-completions", model_args=args, **common)
+    in_process = lm_eval.simple_evaluate(model=TinyGPTLM(model=model, tokenizer=tokenizer, progress=False), **common)
+    compared = {"loglikelihood": 0, "generate_until": 0}
+    for task in SHIPPED_TASKS:
+        http_results, ours = over_http["results"][task], in_process["results"][task]
+        for key in (k for k in ours if "," in k and "_stderr" not in k):
+            if key.startswith("perplexity"):
+                assert http_results[key] == pytest.approx(ours[key], rel=1e-4), (task, key)
+            else:
+                assert http_results[key] == ours[key], (task, key)
+        pairs = zip(sorted(over_http["samples"][task], key=lambda s: s["doc_id"]),
+                    sorted(in_process["samples"][task], key=lambda s: s["doc_id"]))
+        for a, b in pairs:
+            for x, y in zip(a["resps"], b["resps"]):
+                if isinstance(y[0], str):
+                    assert x == y  # greedy on the same weights: the same answer
+                    compared["generate_until"] += 1
+                else:
+                    assert x[0][0] == pytest.approx(y[0][0], abs=1e-4) and x[0][1] == y[0][1]
+                    compared["loglikelihood"] += 1
+    assert compared == {"loglikelihood": LIMIT + 4 * LIMIT, "generate_until": LIMIT}
