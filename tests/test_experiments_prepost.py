@@ -60,7 +60,8 @@ def _run(losses, diverged=False):
 
 def test_lesson_verdict():
     pre = _run([4.0] * 9 + [2.0])
-    shown = lesson_verdict({"pre_ln": pre, "post_ln": _run([4.0] * 9 + [3.0]), "post_ln_warmup": _run([4.0] * 9 + [2.05])})
+    shown = lesson_verdict({"pre_ln": pre, "post_ln": _run([4.0] * 9 + [3.0]),
+                            "post_ln_warmup": _run([4.0] * 9 + [2.05])})
     assert shown == {"pre_ln_trains": True, "post_ln_fails": True, "warmup_recovers": True, "shown": True}
     diverged = lesson_verdict({"pre_ln": pre, "post_ln": _run([4.0, math.nan], True),
                                "post_ln_warmup": _run([4.0] * 9 + [2.0])})
