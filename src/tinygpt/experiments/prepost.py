@@ -401,16 +401,22 @@ def _gradient_figure(stacks: dict):
 
 
 def _profile_figure(profile: dict):
+    # Each variant relative to its own first block, so that both shapes are visible on one linear axis (post-LN's
+    # norms are ~30x smaller at GPT-2's init and would lie flat on zero); the magnitude ratio goes in the title.
     fig = new_figure(5 * len(profile), 4.0)
     axes = fig.subplots(1, len(profile), squeeze=False)[0]
     for ax, (depth, p) in zip(axes, profile.items()):
+        top = 1.0
         for variant, marker in (("pre_ln", "o-"), ("post_ln", "s-")):
-            ax.plot(range(1, len(p[variant]) + 1), p[variant], marker, ms=3, label=VARIANT_NAMES[variant])
-        ax.set_ylim(bottom=0)
+            rel = [g / p[variant][0] for g in p[variant]]
+            top = max(top, *rel)
+            ax.plot(range(1, len(rel) + 1), rel, marker, ms=3, label=VARIANT_NAMES[variant])
+        ax.set_ylim(0, top * 1.15)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("block (1 = next to the embeddings)")
-        ax.set_ylabel("||dL/dW2|| at initialisation")
-        ax.set_title(f"{depth} layers: FFN W2 gradient per block")
+        ax.set_ylabel("||dL/dW2|| at init / block 1's")
+        ratio = sum(p["pre_ln"]) / sum(p["post_ln"])
+        ax.set_title(f"{depth} layers (mean pre-LN / post-LN = {ratio:.1f}x)")
         ax.grid(alpha=0.3)
         ax.legend()
     return fig
