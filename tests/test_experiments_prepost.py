@@ -99,6 +99,8 @@ def test_bad_sweep_and_warmup_arguments(tmp_path):
         run_prepost(tmp_path, sweep=True, sweep_lrs=(0.0,))
     with pytest.raises(ValueError, match="sweep_steps"):
         run_prepost(tmp_path, sweep=True, sweep_steps=0)
+    with pytest.raises(ValueError, match=r"sweep_steps=0 .*defaults to steps"):
+        run_prepost(tmp_path, steps=0, sweep=True)
 
 
 def test_cli_sweep_flags(tmp_path, capsys):

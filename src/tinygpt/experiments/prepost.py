@@ -270,7 +270,9 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
     if sweep:
         for value in sweep_lrs:
             _check_lr("sweep lr", value)
-        sweep_steps = steps if sweep_steps is None else _check_positive("sweep_steps", sweep_steps)
+        sweep_steps = steps if sweep_steps is None else sweep_steps
+        if isinstance(sweep_steps, bool) or not isinstance(sweep_steps, int) or sweep_steps <= 0:
+            raise ValueError(f"sweep_steps={sweep_steps!r} must be a positive integer (it defaults to steps)")
     directory = output_dir("prepost", out)
 
     # Part 1: block stacks with identical weights (exercises 4 and 5)
