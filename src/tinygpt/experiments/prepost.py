@@ -382,6 +382,14 @@ def _read_text(path: str | Path, max_chars: int) -> str:
     return text[:max_chars]
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str, legend_size: float | None = None) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
 def _gradient_figure(stacks: dict):
     # The ratio on a linear axis with the claimed 10x drawn in: a 1.4x gap must look like 1.4x, not like a decade.
     fig = new_figure(6 * len(stacks), 4.0)
@@ -394,11 +402,8 @@ def _gradient_figure(stacks: dict):
         ax.axhline(1, color="gray", ls=":", label="1x (equal)")
         ax.set_ylim(0, max(11, max(ratio) * 1.1))
         ax.set_xticks(range(len(ratio)))
-        ax.set_xlabel("block index (0 = stack input)")
-        ax.set_ylabel("||dL/d input|| pre-LN / post-LN")
-        ax.set_title(f"{depth} blocks, same weights: gradient ratio at each block's input")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _label(ax, "block index (0 = stack input)", "||dL/d input|| pre-LN / post-LN",
+               f"{depth} blocks, same weights: gradient ratio at each block's input", legend_size=8)
     return fig
 
 
@@ -415,12 +420,9 @@ def _profile_figure(profile: dict):
             ax.plot(range(1, len(rel) + 1), rel, marker, ms=3, label=VARIANT_NAMES[variant])
         ax.set_ylim(0, top * 1.15)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("block (1 = next to the embeddings)")
-        ax.set_ylabel("||dL/dW2|| at init / block 1's")
         ratio = sum(p["pre_ln"]) / sum(p["post_ln"])
-        ax.set_title(f"{depth} layers (mean pre-LN / post-LN = {ratio:.1f}x)")
-        ax.grid(alpha=0.3)
-        ax.legend()
+        _label(ax, "block (1 = next to the embeddings)", "||dL/dW2|| at init / block 1's",
+               f"{depth} layers (mean pre-LN / post-LN = {ratio:.1f}x)")
     return fig
 
 
@@ -463,9 +465,6 @@ def _sweep_figure(cells: list[dict]):
         ax.set_xticks(lrs, [f"{x:g}" for x in lrs])
         ax.minorticks_off()
         ax.set_ylim(0, top * 1.05)
-        ax.set_xlabel("learning rate (log scale)")
-        ax.set_ylabel("mean loss, last 10% of steps (nats / char)")
-        ax.set_title(f"{depth} layers")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _label(ax, "learning rate (log scale)", "mean loss, last 10% of steps (nats / char)", f"{depth} layers",
+               legend_size=8)
     return fig
