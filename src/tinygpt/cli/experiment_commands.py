@@ -24,6 +24,18 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     pp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
     pp.add_argument("--seq-len", type=int, default=64, help="characters per sequence (default: 64)")
     pp.add_argument("--lr", type=float, default=3e-4, help="constant AdamW learning rate (default: 3e-4)")
+    pp.add_argument("--warmup", type=int, default=100,
+                    help="linear warmup steps of the third run, post-LN with warmup (default: 100)")
+    pp.add_argument("--profile-depths", type=_int_list, default=(6, 12, 24), metavar="N,N,...",
+                    help="depths of the gradient profile at init (default: 6,12,24)")
+    pp.add_argument("--sweep", action="store_true",
+                    help="also train the three runs at every --sweep-depths x --sweep-lrs "
+                         "(the evidence in docs/experiments.md)")
+    pp.add_argument("--sweep-depths", type=_int_list, default=(6, 12), metavar="N,N,...",
+                    help="depths of the sweep (default: 6,12)")
+    pp.add_argument("--sweep-lrs", type=_float_list, default=(3e-4, 1e-3, 3e-3), metavar="LR,LR,...",
+                    help="learning rates of the sweep (default: 3e-4,1e-3,3e-3)")
+    pp.add_argument("--sweep-steps", type=int, help="training steps per sweep run (default: --steps)")
     names.add_parser("activations", parents=[common], help="GELU (exact, tanh) vs ReLU vs SiLU and derivatives")
     names.add_parser("layernorm", parents=[common], help="the x=[1,3] variance example and LayerNorm statistics")
     at = names.add_parser("attention", parents=[common], help="attention heatmaps of every head of one layer")
@@ -39,6 +51,20 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_experiment)
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
 def _run_experiment(args: argparse.Namespace) -> int:
     from .. import experiments
 
@@ -47,7 +73,9 @@ def _run_experiment(args: argparse.Namespace) -> int:
     if name == "prepost":
         report = experiments.run_prepost(
             **common, config=args.config, data=args.data, max_chars=args.max_chars, steps=args.steps,
-            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
+            profile_depths=args.profile_depths, sweep=args.sweep, sweep_depths=args.sweep_depths,
+            sweep_lrs=args.sweep_lrs, sweep_steps=args.sweep_steps,
             progress=lambda line: print(line, file=sys.stderr, flush=True))
     elif name == "attention":
         config = None if args.model is not None else (args.config or "gpt2-small")
