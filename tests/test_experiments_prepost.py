@@ -111,7 +111,7 @@ def test_cli_sweep_flags(tmp_path, capsys):
     defaults = build_parser().parse_args(["experiment", "prepost"])
     assert defaults.sweep is False and defaults.sweep_steps is None and defaults.warmup == 100
     assert main(["experiment", "prepost", "--warmup", "-3", "--out", str(tmp_path)]) == 2
-    assert "warmup=-3 must be a non-negative integer" in capsys.readouterr().err
+    assert "warmup=-3 must be an integer >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         main(["experiment", "prepost", "--sweep-lrs", "fast"])
     assert err.value.code == 2 and "--sweep-lrs" in capsys.readouterr().err

@@ -259,7 +259,7 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         for value in sweep_lrs:
             checks.positive_number("sweep lr", value)
         sweep_steps = steps if sweep_steps is None else sweep_steps
-        checks.positive_int("sweep_steps", sweep_steps)
+        checks.positive_int("sweep_steps", sweep_steps, note="(it defaults to steps)")
     directory = output_dir("prepost", out)
 
     # Part 1: block stacks with identical weights (exercises 4 and 5)
