@@ -155,3 +155,33 @@ def test_bf16_autocast_on_cpu(tmp_path, prepared):
     result = train(options(tmp_path / "run", prepared, max_steps=2, eval_every=2, dtype="bfloat16"))
     assert math.isfinite(result.val_loss)
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # autocast: weights stay float32
+
+
+def test_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, prepared, monkeypatch):
+    from tinygpt.training import loop
+
+    drawn = []
+    real_plot = loop.plot_losses
+    monkeypatch.setattr(loop, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
+                                                                           real_plot(records, path, **kw)))
+    train(options(tmp_path / "quick", prepared))  # evals at 4 and 8, well inside one interval
+    assert drawn == [8] and (tmp_path / "quick" / "loss.png").is_file()
+    drawn.clear()
+    monkeypatch.setattr(loop, "PLOT_INTERVAL_SECONDS", 0.0)
+    train(options(tmp_path / "every", prepared))
+    assert drawn == [4, 8]  # every eval once the interval has passed
+
+
+def test_the_eval_sample_is_the_cached_generation_of_the_model(tmp_path, prepared):
+    from tinygpt import generate
+
+    # 40 new tokens > context_length 16: the window overflows, the cache is re-prefilled ("shift"). The model's
+    # vocabulary is the tokenizer's 18 characters, so every sampled id decodes.
+    result = train(options(tmp_path / "run", prepared, config=CONFIG.replace(vocab_size=18), sample_tokens=40,
+                           sample_prompt="the"))
+    tokenizer = load_checkpoint_tokenizer(tmp_path / "run")
+    ids = tokenizer.encode("the")
+    again = generate(result.model, [ids], max_new_tokens=40, temperature=0.8, overflow="shift",
+                     generator=torch.Generator().manual_seed(0))
+    assert result.samples[-1] == tokenizer.decode(ids + again.tokens[0, : again.lengths[0]].tolist())
+    assert len(result.samples) == 2  # one per eval
