@@ -1,21 +1,25 @@
-"""A/B measurements behind the performance edits of model.py / layers.py: the old path vs the current one.
+"""A/B measurements behind the performance edits (``tinygpt.fast``, ``layers.py``): the old path vs the current one.
 
     python -m benchmarks.ab layernorm [--shapes 1x128,1x1024] [--repeats 7]
     python -m benchmarks.ab head [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab onednn [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab linear [--repeats 7]
     python -m benchmarks.ab train [--repeats 7]
+    python -m benchmarks.ab refactor --before DIR [--after DIR] [--rounds 5] [--repeats 5] [--quick]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
 forward, full logits, float32, inference mode, against the current code (B), interleaved A B A B after a warm-up,
 with the logits compared so that the edit is also shown to preserve the result.
 
-``onednn`` times the forward with every product on torch's BLAS (A: ``F.linear``, the head into 64-float-aligned
-rows) and on oneDNN (B: ``layers.linear``). ``linear`` is about decoding, not the full forward: A multiplies one row
-by every weight of gpt2-small (the 48 block linears and the head) with ``F.linear``, B with ``tinygpt.layers.linear``,
+The old path is the fast path switched off (``tinygpt.fast.disabled``). ``head`` times the head's kernel choice
+(``tinygpt.fast.head``) against a plain ``F.linear``. ``onednn`` times the forward with every product on torch's BLAS
+(A: ``F.linear``, the head into 64-float-aligned rows) and on oneDNN (B: ``tinygpt.fast.linear``). ``linear`` is about
+decoding, not the full forward: A multiplies one row by every weight of gpt2-small (the 48 block linears and the head)
+with ``F.linear``, B with ``tinygpt.fast.linear``,
 next to a plain sum over the same weights (the rate of just reading them); then a cached greedy decode (16-token
 prompt, 64 new tokens) runs with oneDNN switched off (A) and on (B), the tokens compared. ``train`` times the training benchmark's step (``benchmarks.train_step``: 4 layers, 256 wide, 8 x 256
 tokens, AdamW) with oneDNN off (A) and on (B: the head's logits in ``head_loss`` on oneDNN), from the same weights.
+``refactor`` is different: it times two checkouts against each other in child processes (``benchmarks.ab_refactor``).
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from tinygpt import GPTModel, generate, layers
+from tinygpt import GPTModel, fast, generate
 from tinygpt.layers import LayerNorm, layer_norm_formula
 
-from .common import format_table, parse_shapes, pin_threads, spread, time_interleaved
+from . import ab_refactor
+from .common import format_table, parse_shapes, pin_threads, run_and_report, spread, time_interleaved
 from .models import build_tinygpt, gpt2_small
 from .train_step import make_step, train_config
 
@@ -47,29 +53,9 @@ def _layernorm_formula() -> Iterator[None]:
         LayerNorm.forward = fused
 
 
-def _plain_head(model: torch.nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
-    """A: the head as a plain ``F.linear`` into a [.., V] buffer (the code before the edit)."""
-
-    @contextlib.contextmanager
-    def swap() -> Iterator[None]:
-        model.head_logits = lambda h: F.linear(h, model.out_head.weight)
-        try:
-            yield
-        finally:
-            del model.head_logits
-
-    return swap
-
-
-@contextlib.contextmanager
-def _plain_linear() -> Iterator[None]:
+def _plain_linear() -> contextlib.AbstractContextManager:
     """A: every product of the model on torch's BLAS through ``F.linear`` (oneDNN switched off)."""
-    onednn = layers.ONEDNN_LINEAR
-    layers.ONEDNN_LINEAR = None
-    try:
-        yield
-    finally:
-        layers.ONEDNN_LINEAR = onednn
+    return fast.disabled("onednn")
 
 
 def run_linear(repeats: int) -> dict[str, Any]:
@@ -80,11 +66,11 @@ def run_linear(repeats: int) -> dict[str, Any]:
     rows_in = [torch.randn(1, w.shape[1]) for w, _ in weights]
     rows = []
     with torch.inference_mode():
-        diff = max((F.linear(x, w, b) - layers.linear(x, w, b)).abs().max().item()
+        diff = max((F.linear(x, w, b) - fast.linear(x, w, b)).abs().max().item()
                    for x, (w, b) in zip(rows_in, weights))
         products = time_interleaved(
             {"A (F.linear)": lambda: [F.linear(x, w, b) for x, (w, b) in zip(rows_in, weights)],
-             "B (layers.linear)": lambda: [layers.linear(x, w, b) for x, (w, b) in zip(rows_in, weights)],
+             "B (fast.linear)": lambda: [fast.linear(x, w, b) for x, (w, b) in zip(rows_in, weights)],
              # not a product: a sum reads every weight once, the floor for streaming them (no speed-up claimed)
              "read floor (sum)": lambda: [w.sum() for w, _ in weights]},
             warmup=2, repeats=repeats * 3)
@@ -107,7 +93,7 @@ def run_linear(repeats: int) -> dict[str, Any]:
         return call
 
     decodes = time_interleaved({"A (F.linear)": decode("A", _plain_linear),
-                                "B (layers.linear)": decode("B", contextlib.nullcontext)},
+                                "B (fast.linear)": decode("B", contextlib.nullcontext)},
                                warmup=1, repeats=max(2, repeats // 2))
     same = bool(torch.equal(outputs["A"], outputs["B"]))
     for name, st in decodes.items():
@@ -149,7 +135,7 @@ def run_train(repeats: int) -> dict[str, Any]:
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
-    old = {"layernorm": _layernorm_formula, "onednn": _plain_linear}.get(experiment) or _plain_head(model)
+    old = {"layernorm": _layernorm_formula, "onednn": _plain_linear, "head": lambda: fast.disabled("head")}[experiment]
     rows = []
     for batch, tokens in shapes:
         idx = torch.randint(0, config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(5))
@@ -169,12 +155,25 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train"])
+    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train", "refactor"])
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x128,1x1024,8x256"),
                         help="comma-separated BxT (default: 1x128,1x1024,8x256)")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; refactor: 5 per child)")
+    parser.add_argument("--before", metavar="DIR", help="refactor: the checkout before the change")
+    parser.add_argument("--after", metavar="DIR", default=str(Path(__file__).resolve().parents[1]),
+                        help="refactor: the checkout after it (default: this one)")
+    parser.add_argument("--rounds", type=int, default=5, help="refactor: child processes per checkout")
+    parser.add_argument("--quick", action="store_true", help="refactor: tiny models, to check the script works")
+    parser.add_argument("--json", metavar="PATH", help="refactor: write the result here")
     args = parser.parse_args(argv)
     shapes = args.shapes
+    if args.experiment == "refactor":
+        if not args.before:
+            parser.error("refactor needs --before DIR (a checkout of tinygpt before the change)")
+        return run_and_report(parser, lambda: ab_refactor.run(
+            args.before, args.after, shapes, rounds=args.rounds, repeats=args.repeats or 5, quick=args.quick),
+            ab_refactor.table, args.json, failed=lambda result: not all(r["identical"] for r in result["rows"]))
+    args.repeats = args.repeats or 7
     pin_threads()
     if args.experiment in ("linear", "train"):
         result = (run_linear if args.experiment == "linear" else run_train)(args.repeats)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from tinygpt import layers
+from tinygpt.fast import onednn
 from tinygpt.fileio import atomic_write_text
 
 
@@ -78,14 +78,14 @@ def time_interleaved(
 
 def square_products(n: int) -> dict[str, Callable[[], object]]:
     """The n x n @ n x n float32 product through each matmul torch offers here: its BLAS (``torch.mm``) and, where
-    this torch has it, oneDNN (the kernel of ``tinygpt.layers.linear``); keyed "mm" and "onednn"."""
+    this torch has it, oneDNN (the kernel of ``tinygpt.fast.linear``); keyed "mm" and "onednn"."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=generator)
     b = torch.randn(n, n, generator=generator)
     out = torch.empty(n, n)
     products: dict[str, Callable[[], object]] = {"mm": lambda: torch.mm(a, b, out=out)}
-    if layers.ONEDNN_LINEAR is not None:
-        products["onednn"] = lambda: layers.ONEDNN_LINEAR(a, b, None, "none", [], "")
+    if onednn.available():
+        products["onednn"] = lambda: onednn.onednn_linear(a, b)
     return products
 
 
@@ -149,9 +149,10 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 def run_and_report(parser: argparse.ArgumentParser, compute: Callable[[], dict[str, Any]],
-                   table: Callable[[dict[str, Any]], str], json_path: str | Path | None) -> int:
+                   table: Callable[[dict[str, Any]], str], json_path: str | Path | None, *,
+                   failed: Callable[[dict[str, Any]], bool] = lambda result: False) -> int:
     """A benchmark script's last step: ``compute()`` (a ``ValueError`` becomes the parser's usage error), print its
-    table, write its JSON to ``json_path`` when given; returns the exit status."""
+    table, write its JSON to ``json_path`` when given; returns the exit status (1 where ``failed(result)``)."""
     try:
         result = compute()
     except ValueError as err:
@@ -159,7 +160,7 @@ def run_and_report(parser: argparse.ArgumentParser, compute: Callable[[], dict[s
     print(table(result))
     if json_path:
         write_json_atomic(json_path, result)
-    return 0
+    return 1 if failed(result) else 0
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:

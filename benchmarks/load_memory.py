@@ -1,11 +1,11 @@
 """Peak memory of loading a checkpoint: ``python -m benchmarks.load_memory [--model gpt2-medium] [--repeats 2]``.
 
-A random model of the preset (GPT-2 as released: QKV bias, tied head) is saved once with ``save_pretrained`` to a
+A random model of the preset (GPT-2 as released: QKV bias, tied head) is saved once with ``save_model`` to a
 temporary directory; then each way of loading it runs in a fresh subprocess that reports its ``ru_maxrss`` (peak
 resident memory). Runs are interleaved (baseline, tinygpt, naive, baseline, ...) so a busy machine hits all alike.
 
 - ``baseline``: import torch and tinygpt, load nothing -- the interpreter's own footprint;
-- ``tinygpt``: ``GPTModel.from_pretrained(dir)`` (meta-device build, tensors assigned, no second copy); safetensors
+- ``tinygpt``: ``load_model(dir)`` (meta-device build, tensors assigned, no second copy); safetensors
   maps the file copy-on-write, so pages become resident only when read;
 - ``tinygpt-touched``: the same, then every weight read once (what the first forward pass does);
 - ``naive``: ``GPTModel(config)`` (random init) then ``load_state_dict(safetensors.torch.load_file(...))``, weights
@@ -32,10 +32,10 @@ from .common import format_table, write_json_atomic
 _CHILD = r"""
 import json, resource, sys, torch
 torch.set_num_threads(1)
-from tinygpt import GPTModel, GPTConfig
+from tinygpt import GPTModel, GPTConfig, load_model
 how, directory = sys.argv[1], sys.argv[2]
 if how.startswith("tinygpt"):
-    model = GPTModel.from_pretrained(directory)
+    model = load_model(directory)
 elif how == "naive":
     from safetensors.torch import load_file
     model = GPTModel(GPTConfig.from_file(directory + "/config.json"))
@@ -66,12 +66,12 @@ print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 
 _SAVE = r"""
 import sys, torch
-from tinygpt import GPTModel, get_config
+from tinygpt import GPTModel, get_config, save_model
 from tinygpt.interop.hf import export_hf
 torch.manual_seed(0)
 with torch.no_grad():
     model = GPTModel(get_config(sys.argv[1], qkv_bias=True, tie_weights=True))
-    model.save_pretrained(sys.argv[2])
+    save_model(model, sys.argv[2])
     export_hf(model, sys.argv[2] + "-hf")
 """
 

@@ -2,7 +2,7 @@
 
 A 4-layer, 256-wide model with C=256 and the GPT-2 vocabulary at batch 8 (quick: tiny). All start from the same
 weights and take the same loss (mean cross-entropy over every position of externally shifted targets), each the way
-its library offers it: tinygpt ``model(idx, targets=...)`` (the head fused with the loss, ``tinygpt.head_loss``),
+its library offers it: tinygpt ``model(idx, targets=...)`` (the head fused with the loss, ``tinygpt.fast.head_loss``),
 Hugging Face ``model(idx, labels=..., shift_labels=...).loss``. A third row, tinygpt's logits +
 ``F.cross_entropy``, shows what the fused loss is worth. Dropout is off so that no random masks enter the timing.
 """

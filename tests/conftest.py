@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,17 @@ import torch
 
 from tinygpt import GPTConfig, get_config
 
-from benchmarks.common import shared_data_dir
+
+
+def shared_data_dir() -> Path:
+    """The public data files tests read (tokenizer vocabularies, corpora): ``$TINYGPT_SHARED_DATA``, else
+    ``shared/data`` beside or above the checkout, else ``/work/shared/data`` (the benchmarks look alike)."""
+    if os.environ.get("TINYGPT_SHARED_DATA"):
+        return Path(os.environ["TINYGPT_SHARED_DATA"])
+    candidates = [parent / "shared" / "data" for parent in Path(__file__).resolve().parents[1].parents]
+    candidates.append(Path("/work/shared/data"))
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
 
 SHARED_DATA = shared_data_dir()
 GPT2_VOCAB_DIR = SHARED_DATA / "gpt2"
@@ -95,9 +106,9 @@ def alignment_config(alignment_tokenizer) -> GPTConfig:
 @pytest.fixture
 def alignment_model_dir(tmp_path, alignment_tokenizer, alignment_config) -> Path:
     """A seeded tiny GPT saved with the alignment tokenizer."""
-    from tinygpt import GPTModel
+    from tinygpt import GPTModel, save_model
 
     torch.manual_seed(0)
     path = tmp_path / "base"
-    GPTModel(alignment_config).save_pretrained(path, alignment_tokenizer)
+    save_model(GPTModel(alignment_config), path, alignment_tokenizer)
     return path

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -111,13 +113,18 @@ def test_table_and_atomic_json(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
-def test_cli_bench_calls_the_same_runner(tmp_path):
+def test_the_installed_package_never_imports_the_suite(capsys):
+    # The suite's one entry point is `python -m benchmarks`, from a checkout; no `tinygpt bench` that would reach
+    # into the source tree for it, and importing the package and its CLI loads no module of benchmarks/.
     from tinygpt.cli import main
 
-    path = tmp_path / "bench.json"
-    assert main(["bench", "--quick", "--only", "bf16", "--repeats", "1", "--json", str(path)]) == 0
-    result = json.loads(path.read_text())
-    assert result["cases"] == ["bf16"] and result["repeats"] == 1 and "bf16" in result
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--quick"])
+    assert exited.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
+    code = ("import sys, tinygpt, tinygpt.cli, tinygpt.fast; tinygpt.cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.slow

@@ -26,8 +26,8 @@ def _random_model(config: GPTConfig) -> GPTModel:
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"qkv{c.qkv_bias:d}-tie{c.tie_weights:d}-pre{c.pre_ln:d}")
 def test_round_trip_is_exact(config, tmp_path):
     model = _random_model(config)
-    model.save_pretrained(tmp_path / "ckpt")
-    loaded = GPTModel.from_pretrained(tmp_path / "ckpt")
+    save_model(model, tmp_path / "ckpt")
+    loaded = load_model(tmp_path / "ckpt")
     assert loaded.config == config and not loaded.training
     assert loaded.state_dict().keys() == model.state_dict().keys()
     for name, tensor in model.state_dict().items():
@@ -53,7 +53,7 @@ def test_tied_weight_is_written_once(tmp_path):
 
 def test_load_dtype_and_training_after_load(tmp_path):
     model = _random_model(CONFIGS[-1])
-    model.save_pretrained(tmp_path)
+    save_model(model, tmp_path)
     loaded = load_model(tmp_path, dtype=torch.float64)
     assert {p.dtype for p in loaded.parameters()} == {torch.float64}
     idx = torch.randint(0, model.config.vocab_size, (1, 5))
@@ -211,10 +211,10 @@ def test_tokenizer_beside_checkpoint(tmp_path, gpt2_vocab_dir, monkeypatch):
     monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
     model = _random_model(GPTConfig(vocab_size=50257, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
     assert load_checkpoint_tokenizer(tmp_path) is None
-    model.save_pretrained(tmp_path / "ckpt", tokenizer=gpt2_tokenizer(gpt2_vocab_dir))
+    save_model(model, tmp_path / "ckpt", tokenizer=gpt2_tokenizer(gpt2_vocab_dir))
     tok = load_checkpoint_tokenizer(tmp_path / "ckpt")
     assert isinstance(tok, GPT2Tokenizer) and tok.encode("Hello, I am") == [15496, 11, 314, 716]
-    model.save_pretrained(tmp_path / "ckpt", tokenizer=tok)  # re-save over the directory its files come from
+    save_model(model, tmp_path / "ckpt", tokenizer=tok)  # re-save over the directory its files come from
     assert load_checkpoint_tokenizer(tmp_path / "ckpt").encode("Hello, I am") == [15496, 11, 314, 716]
 
 
@@ -227,8 +227,8 @@ def test_round_trip_of_a_llama_style_variant(tmp_path):
     config = GPTConfig(vocab_size=37, context_length=12, emb_dim=24, n_heads=4, n_layers=2, norm="rmsnorm",
                        ffn="swiglu", pos_emb="rope", n_kv_heads=2, bias=False, tie_weights=True)
     model = _random_model(config)
-    model.save_pretrained(tmp_path)
-    loaded = GPTModel.from_pretrained(tmp_path)
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
     assert loaded.config == config
     idx = torch.randint(0, 37, (2, 12))
     with torch.no_grad():

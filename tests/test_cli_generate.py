@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from tinygpt import GPTConfig, GPTModel, generate_greedy
+from tinygpt import GPTConfig, GPTModel, generate_greedy, save_model
 from tinygpt.cli import main
 from tinygpt.tokenizer import CharTokenizer
 
@@ -19,7 +19,7 @@ def char_model(tmp_path, one_thread):
     torch.manual_seed(3)
     config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
     model = GPTModel(config).eval()
-    model.save_pretrained(tmp_path / "m", tokenizer=tokenizer)
+    save_model(model, tmp_path / "m", tokenizer=tokenizer)
     return str(tmp_path / "m"), model, tokenizer
 
 

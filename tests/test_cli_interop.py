@@ -4,7 +4,7 @@ import shutil
 import pytest
 import torch
 
-from tinygpt import GPTConfig, GPTModel, generate_greedy
+from tinygpt import GPTConfig, GPTModel, generate_greedy, load_model, save_model
 from tinygpt.cli import main
 from tinygpt.tokenizer import CharTokenizer, gpt2_tokenizer
 
@@ -31,7 +31,7 @@ def _one_line_error(capsys, *fragments):
 def test_generate_with_a_saved_char_tokenizer(tmp_path, capsys):
     tokenizer = CharTokenizer(TEXT)
     model = _model(tokenizer.vocab_size)
-    model.save_pretrained(tmp_path, tokenizer=tokenizer)
+    save_model(model, tmp_path, tokenizer=tokenizer)
     assert main(["generate", "--model", str(tmp_path), "--prompt", "the fox", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert out == _expected(model, tokenizer, "the fox", 12) + "\n"
@@ -42,7 +42,7 @@ def test_generate_gpt2_vocab_from_tokenizer_dir_env_and_checkpoint(tmp_path, gpt
     monkeypatch.delenv("TINYGPT_GPT2_VOCAB", raising=False)
     tokenizer = gpt2_tokenizer(gpt2_vocab_dir)
     model = _model(50257, qkv_bias=True, tie_weights=True)
-    model.save_pretrained(tmp_path / "bare")
+    save_model(model, tmp_path / "bare")
     expected = _expected(model, tokenizer, "Hello, I am", 5) + "\n"
     args = ["generate", "--model", str(tmp_path / "bare"), "--prompt", "Hello, I am", "--max-new-tokens", "5"]
     assert main([*args, "--tokenizer-dir", str(gpt2_vocab_dir)]) == 0
@@ -51,7 +51,7 @@ def test_generate_gpt2_vocab_from_tokenizer_dir_env_and_checkpoint(tmp_path, gpt
     assert main(args) == 0
     assert capsys.readouterr().out == expected
     monkeypatch.delenv("TINYGPT_GPT2_VOCAB")
-    model.save_pretrained(tmp_path / "with_tok", tokenizer=tokenizer)
+    save_model(model, tmp_path / "with_tok", tokenizer=tokenizer)
     assert main(["generate", "--model", str(tmp_path / "with_tok"), "--prompt", "Hello, I am",
                  "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out == expected
@@ -78,11 +78,11 @@ def test_generate_user_errors_are_one_line(tmp_path, capsys, monkeypatch):
     from huggingface_hub import constants
 
     model = _model(40)
-    model.save_pretrained(tmp_path / "no_tok")
+    save_model(model, tmp_path / "no_tok")
     assert main(["generate", "--model", str(tmp_path / "no_tok"), "--prompt", "x"]) == 2
     _one_line_error(capsys, "has no tokenizer", "--tokenizer-dir")
     tokenizer = CharTokenizer(TEXT)
-    _model(tokenizer.vocab_size).save_pretrained(tmp_path / "char", tokenizer=tokenizer)
+    save_model(_model(tokenizer.vocab_size), tmp_path / "char", tokenizer=tokenizer)
     assert main(["generate", "--model", str(tmp_path / "char"), "--prompt", "QX"]) == 2
     _one_line_error(capsys, "character 'Q'")
     assert main(["generate", "--model", str(tmp_path / "char"), "--prompt", ""]) == 2
@@ -104,7 +104,7 @@ def test_convert_both_ways_and_params_of_the_result(tmp_path, capsys):
     hf.save_pretrained(tmp_path / "hf")
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
     assert "config.json, model.safetensors" in capsys.readouterr().out
-    ours = GPTModel.from_pretrained(tmp_path / "ours")
+    ours = load_model(tmp_path / "ours")
     assert main(["params", "--model", str(tmp_path / "ours"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["parameters"]["total"] == data["stored_parameters"] == ours.num_parameters()
@@ -124,7 +124,7 @@ def test_convert_and_params_errors(tmp_path, capsys):
     _one_line_error(capsys, "not a tinygpt checkpoint")
     assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     _one_line_error(capsys, "config.json is missing")
-    _model(20).save_pretrained(tmp_path / "m")
+    save_model(_model(20), tmp_path / "m")
     assert main(["params", "--model", str(tmp_path / "m"), "--qkv-bias"]) == 2
     _one_line_error(capsys, "--qkv-bias")
     with pytest.raises(SystemExit) as exc:

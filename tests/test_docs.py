@@ -54,7 +54,7 @@ def test_python_blocks_are_found_with_their_outputs() -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
     blocks = python_blocks(page.read_text(encoding="utf-8"))
     if not blocks:
         pytest.skip("no python blocks")

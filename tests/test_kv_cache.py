@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt import GPTConfig, GPTModel, KVCache, generate_greedy
+from tinygpt.layers import Positions
 
 BASE = GPTConfig(vocab_size=41, context_length=24, emb_dim=24, n_heads=3, n_layers=2, qkv_bias=True)
 VARIANTS = list(itertools.product((True, False), (False, True), (torch.float32, torch.float64)))
@@ -113,7 +114,7 @@ def test_return_weights_path_has_no_nan_with_padding():
     att = GPTModel(BASE).trf_blocks[0].att.eval()
     x = torch.randn(2, 5, BASE.emb_dim)
     key_mask = torch.tensor([[True] * 5, [False, False, False, True, True]])
-    out, weights = att(x, key_mask=key_mask, return_weights=True)
+    out, weights = att(x, Positions(key_mask=key_mask), return_weights=True)
     assert torch.isfinite(out).all() and torch.isfinite(weights).all()
     assert torch.all(weights[1, :, 3:, :3] == 0)  # real queries give padding keys no weight
     assert torch.allclose(weights.sum(-1), torch.ones(2, BASE.n_heads, 5))
@@ -144,3 +145,23 @@ def test_model_refuses_positions_past_the_context():
     cache = KVCache(BASE, 1)
     with pytest.raises(ValueError, match="context_length=24"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache, start_pos=23)
+
+
+def test_each_layer_writes_through_its_own_view_and_a_dropped_cache_frees_its_buffers_at_once():
+    import gc
+    import weakref
+
+    cache = KVCache(BASE, 1, max_length=8)
+    k = torch.ones(1, BASE.n_heads, 2, BASE.head_dim)
+    keys, _ = cache.layers[1].update(3, k, 2 * k)
+    assert keys.shape[2] == 5 and cache.length == 5 and torch.count_nonzero(cache.keys[0]) == 0
+    assert torch.equal(cache.values[1][:, :, 3:5], 2 * k)
+    cache.reset()
+    assert cache.length == 0
+    buffer = weakref.ref(cache.keys[0])
+    gc.disable()  # no reference cycle: the buffers go with the last reference, not at some later collection
+    try:
+        del cache, keys
+        assert buffer() is None
+    finally:
+        gc.enable()

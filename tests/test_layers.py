@@ -1,4 +1,3 @@
-import itertools
 import math
 
 import pytest
@@ -81,7 +80,7 @@ def test_attention_is_causal_future_tokens_do_not_change_the_past():
 
 def test_attention_dropout_uses_its_own_rate():
     att = MultiHeadAttention(get_config("tiny", drop_rate=0.0, drop_rate_attn=0.5))
-    assert att.dropout.p == 0.5 and att.dropout_p == 0.5
+    assert att.dropout.p == 0.5 and not hasattr(att, "dropout_p")  # one stored rate, read by both paths
     att.train()
     x = torch.randn(1, 6, 16)
     torch.manual_seed(0)
@@ -148,100 +147,44 @@ def test_layernorm_forward_is_the_written_out_formula(bias):
         torch.testing.assert_close(g, h, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 32), (3, 100)])  # 1 row (decoding) .. 300 rows
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_linear_equals_f_linear(shape, with_bias):
-    from tinygpt.layers import linear
+def test_causal_mask_needs_no_tensor_for_a_plain_forward_or_a_decode_step():
+    from tinygpt.layers import causal_mask
 
-    torch.manual_seed(0)
-    x = torch.randn(*shape, 40)
-    weight = torch.randn(97, 40)  # an odd width, like V = 50257
-    bias = torch.randn(97) if with_bias else None
+    assert causal_mask(0, 4, 4) is None  # plain causal: SDPA's is_causal
+    assert causal_mask(5, 1, 6) is None  # one query after 5 cached keys: it sees all 6
+    torch.testing.assert_close(causal_mask(0, 4, 4, explicit=True), torch.ones(4, 4, dtype=torch.bool).tril())
+    assert causal_mask(5, 1, 6, explicit=True).tolist() == [[True] * 6]
+
+
+def test_causal_mask_of_a_chunk_after_cached_keys_is_relative_to_absolute_positions():
+    from tinygpt.layers import causal_mask
+
+    # queries at positions 3 and 4 over keys 0..4: query 3 must not see key 4
+    assert causal_mask(3, 2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
+
+
+def test_causal_mask_with_padding_hides_padding_keys_but_lets_every_query_see_itself():
+    from tinygpt.layers import causal_mask
+
+    key_mask = torch.tensor([[True, True, True], [False, False, True]])  # row 1: two left-padding positions
+    allowed = causal_mask(0, 3, 3, key_mask)
+    assert allowed.shape == (2, 1, 3, 3)
+    assert allowed[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    # the padding queries see only themselves (softmax over no key at all would be NaN); the real one, itself only
+    assert allowed[1, 0].tolist() == [[True, False, False], [False, True, False], [False, False, True]]
+
+
+def test_blocks_take_one_positions_object_and_their_layers_cache():
+    from tinygpt import KVCache
+    from tinygpt.layers import Positions
+
+    config = get_config("tiny")
+    block = TransformerBlock(config).eval()
+    x = torch.randn(1, 5, config.emb_dim)
+    cache = KVCache(config, 1)
     with torch.no_grad():
-        got = linear(x, weight, bias)
-    assert got.shape == (*shape, 97) and got.dtype == torch.float32
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
-
-
-def test_linear_takes_any_layout():
-    # Weights that are views (a transpose, as one might assign from an [in, out] checkpoint; every other row),
-    # strided and broadcast biases (oneDNN alone gets these wrong: linear must hand it a contiguous one), inputs that
-    # are transposed, sliced or broadcast, and no rows at all.
-    from tinygpt.layers import linear
-
-    torch.manual_seed(0)
-    weight_t, weight_2, x = torch.randn(24, 50), torch.randn(100, 24)[::2], torch.randn(6, 24)
-    weights = {"transposed": weight_t.t(), "every other row": weight_2}
-    biases = {"none": None, "strided": torch.randn(100)[::2], "broadcast": torch.randn(1).expand(50)}
-    inputs = {"transposed": torch.randn(24, 3).t(), "sliced": torch.randn(12, 24)[::2],
-              "broadcast": x[:1].expand(4, 24), "3d sliced": torch.randn(2, 6, 48)[:, ::2, ::2]}
-    for (wn, w), (bn, b), (xn, xi) in itertools.product(weights.items(), biases.items(), inputs.items()):
-        with torch.no_grad():
-            got = linear(xi, w, b)
-        torch.testing.assert_close(got, torch.nn.functional.linear(xi, w, b), rtol=1e-6, atol=1e-5,
-                                   msg=lambda m: f"weight {wn}, bias {bn}, input {xn}: {m}")
-    with torch.no_grad():
-        assert linear(torch.randn(0, 24), weight_2).shape == (0, 50)
-
-
-def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch):
-    # The oneDNN product must be the one that runs for inference in float32, and never where it would change what
-    # is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter, vmap. A spy stands in for
-    # the kernel, so the choice is tested on machines without oneDNN too.
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from tinygpt import layers
-
-    calls = []
-
-    def spy(x, weight, bias, *attrs):
-        calls.append(attrs)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    monkeypatch.setattr(layers, "ONEDNN_LINEAR", spy)
-    module = layers.Linear(16, 30)
-    with torch.no_grad():
-        module(torch.randn(1, 1, 16))
-        assert calls == [("none", [], "")]
-        module.double()(torch.randn(1, 1, 16, dtype=torch.float64))
-        module.float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert module(torch.randn(2, 16)).dtype == torch.bfloat16
-        with FlopCounterMode(display=False) as counter:
-            module(torch.randn(2, 16))
-        assert counter.get_total_flops() == 2 * 2 * 16 * 30
-        assert torch.func.vmap(module)(torch.randn(3, 2, 16)).shape == (3, 2, 30)  # vmap: plain F.linear
-    assert len(calls) == 1
-    with torch.inference_mode():
-        module(torch.randn(300, 16))
-    assert len(calls) == 2
-    module(torch.randn(1, 1, 16)).sum().backward()  # autograd: the plain F.linear, gradients as usual
-    assert len(calls) == 2 and module.weight.grad is not None
-    monkeypatch.setattr(layers, "ONEDNN_LINEAR", None)  # no oneDNN in this torch: F.linear
-    with torch.no_grad():
-        assert module(torch.randn(4, 16)).shape == (4, 30)
-    assert len(calls) == 2
-
-
-def test_onednn_kernel_is_used_only_where_it_checks_out(monkeypatch):
-    # The kernel is private to torch: it is taken only on x86-64, and only if a small integer product (exact in any
-    # summation order) comes out as F.linear's; a kernel that raises or computes something else is never used.
-    from tinygpt import layers
-
-    monkeypatch.setattr(layers.torch.backends.mkldnn, "is_available", lambda: True)
-    monkeypatch.setattr(layers.platform, "machine", lambda: "aarch64")
-    assert layers._find_onednn_linear() is None
-    monkeypatch.setattr(layers.platform, "machine", lambda: "x86_64")
-
-    def wrong(x, weight, bias, *attrs):
-        return torch.nn.functional.linear(x, weight) + 1.0
-
-    def raises(*args):
-        raise RuntimeError("no such kernel")
-
-    def right(x, weight, bias, *attrs):
-        return torch.nn.functional.linear(x, weight, bias)
-
-    for kernel, usable in ((wrong, False), (raises, False), (right, True)):
-        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", kernel)
-        assert (layers._find_onednn_linear() is kernel) == usable
+        first = block(x[:, :3], Positions(), cache.layers[0])
+        rest = block(x[:, 3:], Positions(start=3), cache.layers[0])
+        whole = block(x)
+    torch.testing.assert_close(torch.cat((first, rest), 1), whole, rtol=0, atol=1e-6)
+    assert torch.count_nonzero(cache.keys[0][:, :, :5]) > 0 and torch.count_nonzero(cache.keys[1]) == 0

@@ -88,33 +88,6 @@ def test_backward_reaches_every_parameter(tiny_config):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "blas"])
-def test_inference_head_gives_the_same_logits(onednn, monkeypatch):
-    # With oneDNN the head is layers.linear's product; without it, the BLAS product into 64-float-aligned rows.
-    from tinygpt import layers
-
-    if onednn and layers.ONEDNN_LINEAR is None:
-        pytest.skip("this torch has no oneDNN linear")
-    if not onednn:
-        monkeypatch.setattr(layers, "ONEDNN_LINEAR", None)
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=321, context_length=48, emb_dim=32, n_heads=4, n_layers=2)
-    model = GPTModel(config).eval()
-    idx = torch.randint(0, 321, (3, 48))
-    trained = model(idx)  # autograd on: the plain linear, contiguous [B, T, V]
-    with torch.inference_mode():
-        logits = model(idx)
-        last = model(idx, last_only=True)
-        plain = torch.nn.functional.linear(model.hidden_states(idx), model.out_head.weight)
-    assert logits.shape == (3, 48, 321) and last.shape == (3, 1, 321)
-    if not onednn:
-        assert logits.stride(1) % 64 == 0 and logits.stride(1) >= 321  # rows padded; only V columns visible
-    assert trained.is_contiguous()
-    torch.testing.assert_close(logits, plain, rtol=0, atol=1e-5)
-    torch.testing.assert_close(logits, trained.detach(), rtol=0, atol=1e-5)
-    torch.testing.assert_close(last, plain[:, -1:], rtol=0, atol=1e-5)
-
-
 def test_tied_build_draws_the_same_weights_as_before():
     # Same seed: the tied model's shared weight is what the untied model draws for its head (both redraw in the
     # same module order), and every other tensor is equal -- so building the tied head without a weight of its own

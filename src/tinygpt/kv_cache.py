@@ -15,9 +15,10 @@ from .config import GPTConfig
 class KVCache:
     """Keys and values of every layer for ``batch_size`` rows and up to ``context_length`` positions.
 
-    ``keys[layer]`` / ``values[layer]``: [B, Hkv, C, D/H], Hkv = ``config.kv_heads`` (= H unless the model uses
-    grouped-query attention, whose cache holds only the shared key/value heads). ``length`` counts the positions
-    written so far; the model's forward writes positions ``start_pos .. start_pos + T - 1`` and attends over
+    ``layers[i]`` is layer i's ``LayerCache``, the one its attention is handed; ``keys[i]`` / ``values[i]`` are its
+    buffers, [B, Hkv, C, D/H], Hkv = ``config.kv_heads`` (= H unless the model uses grouped-query attention, whose
+    cache holds only the shared key/value heads). ``length`` counts the positions written so far (by the last
+    layer); the model's forward writes positions ``start_pos .. start_pos + T - 1`` and attends over
     ``0 .. start_pos + T - 1``.
     """
 
@@ -36,34 +37,57 @@ class KVCache:
         if not 1 <= self.max_length <= config.context_length:
             raise ValueError(f"max_length={max_length} must be in [1, context_length={config.context_length}]")
         shape = (batch_size, config.kv_heads, self.max_length, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
-        self.length = 0
+        self.layers = [LayerCache(torch.zeros(shape, dtype=dtype, device=device),
+                                  torch.zeros(shape, dtype=dtype, device=device)) for _ in range(config.n_layers)]
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return [layer.keys for layer in self.layers]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [layer.values for layer in self.layers]
 
     @property
     def batch_size(self) -> int:
-        return self.keys[0].shape[0]
+        return self.layers[0].keys.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.layers[-1].length
 
     def update(
         self, layer: int, start_pos: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layers[layer].update(start_pos, k, v)``."""
+        return self.layers[layer].update(start_pos, k, v)
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.length = 0
+
+
+class LayerCache:
+    """One layer's keys and values, [B, Hkv, C, D/H] each: all that this layer's attention reads and writes."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys = keys
+        self.values = values
+        self.length = 0  # the end of the last write
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, H, T, D/H] at ``start_pos`` and return all keys/values so far, [B, H, start_pos+T, D/H].
 
         Positions after ``start_pos + T`` may hold stale entries from an earlier, longer fill; they are never
         returned, so refilling from position 0 (a re-prefill) needs no clearing.
         """
+        batch_size, max_length = self.keys.shape[0], self.keys.shape[2]
         end = start_pos + k.shape[2]
-        if start_pos < 0 or end > self.max_length:
-            raise ValueError(
-                f"positions {start_pos}..{end - 1} do not fit the cache of max_length={self.max_length}"
-            )
-        if k.shape[0] != self.batch_size:
-            raise ValueError(f"batch of {k.shape[0]} rows does not match the cache's batch_size={self.batch_size}")
-        self.keys[layer][:, :, start_pos:end] = k
-        self.values[layer][:, :, start_pos:end] = v
-        if layer == len(self.keys) - 1:
-            self.length = end
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
-
-    def reset(self) -> None:
-        self.length = 0
+        if start_pos < 0 or end > max_length:
+            raise ValueError(f"positions {start_pos}..{end - 1} do not fit the cache of max_length={max_length}")
+        if k.shape[0] != batch_size:
+            raise ValueError(f"batch of {k.shape[0]} rows does not match the cache's batch_size={batch_size}")
+        self.keys[:, :, start_pos:end] = k
+        self.values[:, :, start_pos:end] = v
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]

@@ -9,81 +9,16 @@ attention, each chosen by a ``GPTConfig`` field.
 from __future__ import annotations
 
 import math
-import platform
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .config import GPTConfig
-from .kv_cache import KVCache
+from .fast import Linear  # nn.Linear (same parameters and init) whose inference product may run on oneDNN: fast/
+from .kv_cache import LayerCache
 from .rope import apply_rope
-
-
-def _find_onednn_linear() -> Any:
-    """torch's oneDNN (mkldnn) linear kernel, on x86-64 builds that have it and where it computes a small product
-    exactly as ``F.linear`` does (integers: exact in any summation order); None elsewhere."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        kernel = torch.ops.mkldnn._linear_pointwise
-        x, weight, bias = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3), torch.arange(4.0)
-        with torch.no_grad():
-            if torch.equal(kernel(x, weight, bias, "none", [], ""), F.linear(x, weight, bias)):
-                return kernel
-    except (AttributeError, RuntimeError):
-        pass
-    return None
-
-
-_PLAIN = (torch.Tensor, nn.Parameter)
-
-# None switches the oneDNN path off (``benchmarks.ab`` does, to time F.linear against it).
-ONEDNN_LINEAR = _find_onednn_linear()
-
-
-def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether ``linear`` runs x @ weight.T + bias on oneDNN: plain CPU float32 tensors, nothing that needs a
-    gradient, no autocast (which would want the product in bf16), no torch.compile trace (which picks its own
-    kernels), no dispatch mode, tensor subclass or ``torch.func`` transform (``FlopCounterMode``, fake or distributed
-    tensors, ``vmap`` and the like know ``aten`` products, not this one)."""
-    return (ONEDNN_LINEAR is not None and type(x) is torch.Tensor and type(weight) in _PLAIN
-            and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
-            and not (torch.is_grad_enabled()
-                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None and not torch._C._functorch.is_functorch_wrapped_tensor(x))
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``, what ``F.linear`` computes: [..., in] -> [..., out], weight [out, in].
-
-    ``F.linear`` runs on the BLAS torch was built with (MKL on x86). Where ``onednn_applies`` (inference on a CPU in
-    float32) the same product runs on oneDNN, which torch also ships, with the bias fused. On the 2-core AMD EPYC
-    reference machine that made gpt2-small's one-row products (decoding) 1.7-1.8x faster than ``F.linear``
-    (``python -m benchmarks.ab linear``) and its forward 1.37x at 1x128 tokens, 1.09x at 1x1024 and 8x256
-    (``python -m benchmarks.ab onednn``). The values are the same dot products, up to float32 summation order
-    (~1e-6 relative). Everything else (autograd, other devices and dtypes, autocast) is plain ``F.linear``.
-    """
-    if onednn_applies(x, weight, bias):
-        return onednn_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear``'s oneDNN product itself, for callers that already know ``onednn_applies``: [..., in] -> [..., out]."""
-    # The kernel reads the bias as contiguous whatever its strides (a strided bias gave wrong sums: tested).
-    return ONEDNN_LINEAR(x, weight, None if bias is None else bias.contiguous(), "none", [], "")
-
-
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, init and state dict) whose forward is ``linear`` (oneDNN for inference)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
 
 
 class LayerNorm(nn.Module):
@@ -203,14 +138,57 @@ class FeedForward(nn.Module):
         return self.layers(x)
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Where one forward's T tokens sit, built once per forward (``GPTModel.embed``) and shared by every block.
+
+    ``start``: absolute position of the first token; with a cache, this call's keys are written there and the S =
+    start + T keys so far are attended to. ``rope``: RoPE's (cos, sin) tables of the tokens' positions, [T, hd] or
+    [B, T, hd] (``RotaryEmbedding``); None with learned positions. ``key_mask``: [B, S] booleans over the key
+    positions, False for padding. The default, ``Positions()``, is a plain forward from position 0.
+    """
+
+    start: int = 0
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    key_mask: torch.Tensor | None = None
+
+
+FROM_START = Positions()
+
+
+def causal_mask(
+    query_start: int, t: int, s: int, key_mask: torch.Tensor | None = None, *, explicit: bool = False,
+    device: torch.device | str | None = None,
+) -> torch.Tensor | None:
+    """Which of S keys each of T queries may attend to (True = allowed); the queries sit at key positions
+    query_start .. query_start + T - 1.
+
+    Query query_start + i sees key j iff j <= query_start + i, and with ``key_mask`` [B, S] also key_mask[b, j]:
+    bool [T, S], or [B, 1, T, S] with ``key_mask``. Returns None where no tensor is needed and ``explicit`` is false:
+    every query sees every key up to itself, which is plain causal attention when query_start == 0 (S == T) and
+    all S keys for a single query (a cached decode step).
+    """
+    if key_mask is None and not explicit and (query_start == 0 or t == 1):
+        return None
+    query_pos = torch.arange(query_start, query_start + t, device=device)[:, None]  # [T, 1]
+    key_pos = torch.arange(s, device=device)  # [S]
+    allowed = key_pos <= query_pos  # [T, S]
+    if key_mask is not None:
+        # A left-padding query sees no real key at all; softmax over an empty set is NaN (SDPA may return it), and
+        # NaN hidden states become NaN keys/values that 0 * NaN leaks into real rows. Letting every query also see
+        # its own key keeps the padding rows finite; real queries see themselves anyway, so they are unchanged.
+        allowed = (allowed & key_mask[:, None, None, :]) | (key_pos == query_pos)  # [B, 1, T, S]
+    return allowed
+
+
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention with one fused QKV projection. [B, T, D] -> [B, T, D].
 
-    Query i may only look at keys j <= i (its own absolute position and earlier). A plain causal forward hands that
-    rule to ``scaled_dot_product_attention`` (``is_causal``) with no mask tensor at all; where a mask is needed
-    (padding, the attention weights, a cached multi-token step) it is built for the call's [T, S] positions. There
-    is no [C, C] mask buffer per layer, as the seeds' upstream keeps (L * C^2 values: 48 MiB of float32 for
-    gpt2-small, and it grows with the square of the context length).
+    Query i may only look at keys j <= i (its own absolute position and earlier): ``causal_mask``. A plain causal
+    forward hands that rule to ``scaled_dot_product_attention`` (``is_causal``) with no mask tensor at all; where a
+    mask is needed (padding, the attention weights, a cached multi-token step) it is built for the call's [T, S]
+    positions. There is no [C, C] mask buffer per layer, as the seeds' upstream keeps (L * C^2 values: 48 MiB of
+    float32 for gpt2-small, and it grows with the square of the context length).
 
     Grouped-query attention: with Hkv = ``config.kv_heads`` < H key/value heads, the fused projection is
     D -> (H + 2 Hkv) * hd and query head h reads key/value head h // (H / Hkv); the cache holds only the Hkv heads.
@@ -224,28 +202,17 @@ class MultiHeadAttention(nn.Module):
         d = config.emb_dim
         self.qkv = Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=config.qkv_bias)
         self.out_proj = Linear(d, d, bias=config.bias)
-        self.dropout_p = config.attn_dropout
-        self.dropout = nn.Dropout(config.attn_dropout)
+        self.dropout = nn.Dropout(config.attn_dropout)  # on the weights; SDPA is given the same rate
 
     def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        start_pos: int = 0,
-        key_mask: torch.Tensor | None = None,
+        self, x: torch.Tensor, pos: Positions = FROM_START, cache: LayerCache | None = None, *,
         return_weights: bool = False,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, T, D] at absolute positions start_pos .. start_pos+T-1.
+        """x: [B, T, D] at absolute positions pos.start .. pos.start + T - 1 -> [B, T, D].
 
-        ``cache``: keys/values of earlier positions are read from it and this call's are written into it.
-        ``key_mask``: [B, S] booleans over all S = start_pos + T key positions, False for padding.
-        ``return_weights``: also return the attention weights [B, H, T, S] (the explicit path; the default path
-        runs ``scaled_dot_product_attention``, which computes the same thing without materialising them).
-        ``rope``: the (cos, sin) tables of this call's positions, [T, hd] or [B, T, hd], from ``RotaryEmbedding``;
-        q and k are rotated before k enters the cache.
+        ``cache``: this layer's keys/values of earlier positions are read from it and this call's written into it.
+        ``return_weights``: also return the attention weights [B, H, T, S] (written out; the default path runs
+        ``scaled_dot_product_attention``, which computes the same thing without materialising them).
         """
         b, t, d = x.shape
         kv_dim = self.n_kv_heads * self.head_dim
@@ -253,47 +220,25 @@ class MultiHeadAttention(nn.Module):
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if pos.rope is not None:  # rotate before k enters the cache: a cached key keeps its position
+            q, k = apply_rope(q, *pos.rope), apply_rope(k, *pos.rope)
         if cache is not None:
-            k, v = cache.update(layer, start_pos, k, v)  # [B, H, S, hd], S = start_pos + T
-        s = k.shape[2]
-        past = s - t  # keys before this call's: start_pos with a cache, 0 without (positions alone shift nothing)
-
-        # allowed: [T, S] or [B, 1, T, S]; None means "every query sees every key up to itself" without a mask
-        # tensor: plain causal when S == T, and all keys for the one query of a cached decode step (T == 1).
-        allowed = None
-        if key_mask is not None or return_weights or (past != 0 and t > 1):
-            query_pos = torch.arange(past, past + t, device=x.device)[:, None]  # [T, 1]
-            key_pos = torch.arange(s, device=x.device)  # [S]
-            allowed = key_pos <= query_pos  # [T, S]: query past+i sees keys <= past+i
-            if key_mask is not None:
-                # A left-padding query sees no real key at all; softmax over an empty set is NaN (SDPA may return
-                # it), and NaN hidden states become NaN keys/values that 0 * NaN leaks into real rows. Letting
-                # every query also see its own key keeps the padding rows finite; real queries see themselves
-                # anyway, so their result is unchanged.
-                allowed = (allowed & key_mask[:, None, None, :]) | (key_pos == query_pos)  # [B, 1, T, S]
-
+            k, v = cache.update(pos.start, k, v)  # [B, Hkv, S, hd], S = start + T
+        s = k.shape[2]  # S = start + T keys with a cache, T without (positions alone let no query see more)
+        allowed = causal_mask(s - t, t, s, pos.key_mask, explicit=return_weights, device=x.device)
         groups = self.n_heads // self.n_kv_heads
         if return_weights:
             if groups > 1:  # share each key/value head with its group of queries: [B, Hkv, S, hd] -> [B, H, S, hd]
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, T, S]
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)  # every row has >= 1 allowed key (its own), so no NaN
+            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # >= 1 key per row: no NaN
             context = self.dropout(weights) @ v  # [B, H, T, hd]
         else:
-            dropout_p = self.dropout_p if self.training else 0.0
-            if allowed is None:
-                causal = t > 1  # T > 1 here only when S == T
-                context = F.scaled_dot_product_attention(
-                    q, k, v, dropout_p=dropout_p, is_causal=causal, enable_gqa=groups > 1
-                )
-            else:
-                context = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=groups > 1
-                )
-        out = self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # [B, T, D]
+            context = F.scaled_dot_product_attention(  # [B, H, T, hd]
+                q, k, v, attn_mask=allowed, dropout_p=self.dropout.p if self.training else 0.0,
+                is_causal=allowed is None and t > 1, enable_gqa=groups > 1,
+            )
+        out = self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # merge the heads: [B, T, D]
         return (out, weights) if return_weights else out
 
 
@@ -314,19 +259,10 @@ class TransformerBlock(nn.Module):
         self.norm2 = make_norm(config)
         self.drop_shortcut = nn.Dropout(config.shortcut_dropout)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        start_pos: int = 0,
-        key_mask: torch.Tensor | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        attn_kwargs = dict(cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask, rope=rope)
+    def forward(self, x: torch.Tensor, pos: Positions = FROM_START, cache: LayerCache | None = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; ``pos`` and ``cache`` (this layer's) go to the attention."""
         if self.pre_ln:
-            u = x + self.drop_shortcut(self.att(self.norm1(x), **attn_kwargs))
+            u = x + self.drop_shortcut(self.att(self.norm1(x), pos, cache))
             return u + self.drop_shortcut(self.ff(self.norm2(u)))
-        u = self.norm1(x + self.drop_shortcut(self.att(x, **attn_kwargs)))
+        u = self.norm1(x + self.drop_shortcut(self.att(x, pos, cache)))
         return self.norm2(u + self.drop_shortcut(self.ff(u)))

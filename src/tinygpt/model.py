@@ -1,27 +1,24 @@
 """The GPT model: token ids [B, T] -> logits [B, T, V] (seed 000 §6.6).
 
 tok_emb(idx) + pos_emb(positions) -> dropout -> L transformer blocks -> final LayerNorm -> bias-free head D -> V.
-The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the KV cache and positions.
-With ``pos_emb="rope"`` there is no position table: the blocks rotate q and k instead (``rope.py``).
+The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the positions and the
+layer's KV cache. With ``pos_emb="rope"`` there is no position table: the blocks rotate q and k instead (``rope.py``).
+The head and the training loss come from ``tinygpt.fast`` (same values, faster kernels; plain PyTorch inside
+``with tinygpt.fast.disabled():``).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .config import GPTConfig
+from .fast import OutputHead, head_cross_entropy
 from .kv_cache import KVCache
-from .head_loss import head_cross_entropy
-from .layers import LayerNorm, RMSNorm, TransformerBlock, make_norm, onednn_applies, onednn_linear
+from .layers import LayerNorm, Positions, RMSNorm, TransformerBlock, make_norm
 from .rope import RotaryEmbedding
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
 
 
 def _skip_init_draws(numel: int, chunk: int = 1 << 20) -> None:
@@ -58,10 +55,10 @@ class GPTModel(nn.Module):
             # The head *is* the embedding: build it without a [V, D] weight of its own, which would exist only to be
             # dropped (150 MB for gpt2-small, the build's peak memory), but draw the RNG as its init would, so that
             # a seed gives exactly the weights it gave before (reset_parameters redraws everything afterwards).
-            self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False, device="meta")
+            self.out_head = OutputHead(config.emb_dim, config.vocab_size, bias=False, device="meta")
             _skip_init_draws(config.vocab_size * config.emb_dim)
         else:
-            self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+            self.out_head = OutputHead(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.out_head.weight = self.tok_emb.weight
         self.reset_parameters()
@@ -109,16 +106,20 @@ class GPTModel(nn.Module):
             raise ValueError(f"token id {bad} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
 
     def embed(
-        self, idx: torch.Tensor, *, start_pos: int = 0, positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """The blocks' input [B, T, D] for checked ids idx [B, T], and the RoPE (cos, sin) tables the blocks
-        need ([T, hd] or [B, T, hd]; None with learned positions). Embedding dropout is applied here."""
+        self, idx: torch.Tensor, *, start_pos: int = 0, positions: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Positions]:
+        """The blocks' input [B, T, D] for checked ids idx [B, T] (embedding dropout applied), and ``Positions``:
+        where the tokens sit, which every block is handed (RoPE's tables are computed here, once per forward)."""
         if positions is None:
             positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)  # [T]
+        x = self.tok_emb(idx)  # [B, T, D]
+        rope = None
         if self.rope is not None:
-            x = self.drop_emb(self.tok_emb(idx))  # [B, T, D]
-            return x, self.rope(positions, x.dtype)  # computed once, shared by every layer
-        return self.drop_emb(self.tok_emb(idx) + self.pos_emb(positions)), None  # [B, T, D]
+            rope = self.rope(positions, x.dtype)  # (cos, sin), each [T, hd] or [B, T, hd]
+        else:
+            x = x + self.pos_emb(positions)  # [B, T, D]
+        return self.drop_emb(x), Positions(start_pos, rope, key_mask)
 
     def hidden_states(
         self,
@@ -129,14 +130,14 @@ class GPTModel(nn.Module):
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The final-normed hidden states [B, T, D] (the head's input). Arguments as for ``forward``."""
+        """ids [B, T] -> embeddings -> blocks -> final norm: [B, T, D], the head's input. Arguments as for ``forward``."""
         self.check_input(idx, start_pos)
         if idx.dtype not in (torch.int64, torch.int32):  # nn.Embedding indexes with int32/int64 only
             idx = idx.long()
-        x, rope = self.embed(idx, start_pos=start_pos, positions=positions)
+        x, pos = self.embed(idx, start_pos=start_pos, positions=positions, key_mask=key_mask)  # [B, T, D]
         for layer, block in enumerate(self.trf_blocks):
-            x = block(x, cache=cache, layer=layer, start_pos=start_pos, key_mask=key_mask, rope=rope)  # [B, T, D]
-        return self.final_norm(x)
+            x = block(x, pos, None if cache is None else cache.layers[layer])  # [B, T, D]
+        return self.final_norm(x)  # [B, T, D]
 
     def forward(
         self,
@@ -158,54 +159,17 @@ class GPTModel(nn.Module):
         which is all that generation needs.
 
         ``targets`` [B, T] (the next token of each position; -100 = ignore) returns the scalar mean cross-entropy
-        instead, computed by ``head_loss.head_cross_entropy`` without materialising the [B, T, V] logits (equal to
-        ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``, with less memory and time).
+        instead, equal to ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``; ``fast.head_cross_entropy``
+        computes it without materialising the [B, T, V] logits.
         """
         if targets is not None and last_only:
             raise ValueError("targets and last_only=True exclude each other: the loss needs every position's logits")
-        h = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
+        x = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
         if targets is not None:
-            return head_cross_entropy(h, self.out_head.weight, targets)  # checks targets: type, shape, id range
+            return head_cross_entropy(x, self.out_head.weight, targets)  # checks targets: type, shape, id range
         if last_only:
-            h = h[:, -1:, :]  # [B, 1, D]
-        return self.head_logits(h)  # [B, T, V]
-
-    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The output head, hidden states [B, T, D] -> logits [B, T, V] (``out_head``, bias-free).
-
-        Where ``layers.onednn_applies`` (inference on a CPU in float32) this is ``layers.onednn_linear``.
-
-        Otherwise, without autograd on a CPU, the product is written into a buffer whose rows are padded to a
-        multiple of 64 floats, and the [B, T, V] view of its first V columns is returned: with V = 50257 every output
-        row starts misaligned, which made torch's BLAS ~1.3x slower here (``python -m benchmarks.ab head``). The
-        padding columns are never written or read: ids >= V cannot be sampled, enter a loss or be exported, and the
-        weights are untouched. The view is not contiguous (row stride > V); with autograd this is the plain linear.
-        """
-        weight = self.out_head.weight  # [V, D]
-        if onednn_applies(h, weight):
-            return onednn_linear(h, weight)
-        v = weight.shape[0]
-        row = -(-v // 64) * 64
-        if (torch.is_grad_enabled() or row == v or h.device.type != "cpu" or h.dtype != weight.dtype
-                or torch.is_autocast_enabled("cpu")):
-            return self.out_head(h)
-        b, t, d = h.shape
-        logits = torch.empty(b * t, row, dtype=h.dtype, device=h.device)[:, :v]  # [B*T, V], row stride padded
-        torch.mm(h.reshape(b * t, d), weight.t(), out=logits)
-        return logits.view(b, t, v)
-
-    def save_pretrained(self, directory: str | Path, tokenizer: Tokenizer | None = None) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) atomically; see ``tinygpt.checkpoint``."""
-        from .checkpoint import save_model  # checkpoint imports this module: import it only when called
-
-        save_model(self, directory, tokenizer=tokenizer)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, **kwargs: Any) -> "GPTModel":
-        """Load a checkpoint written by ``save_pretrained`` (keywords ``device``, ``dtype``), strictly checked."""
-        from .checkpoint import load_model
-
-        return load_model(directory, **kwargs)
+            x = x[:, -1:, :]  # [B, 1, D]
+        return self.out_head(x)  # [B, T, V]
 
 
 class _Placeholder(nn.Module):

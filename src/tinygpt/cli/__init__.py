@@ -12,14 +12,13 @@ from typing import Callable, Sequence
 
 from .common import CommandError, Parser
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
-from .bench_command import _add_bench
 from .experiment_commands import _add_experiment
 from .model_commands import _add_params, _add_verify, _add_generate, _add_convert
 from .training_commands import _add_prepare, _add_train
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_params, _add_verify, _add_prepare, _add_train, _add_generate, _add_convert, _add_experiment,
-    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat, _add_bench,
+    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat,
 ]
 
 

@@ -207,7 +207,7 @@ class _Run:
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # The model's own loss: cross-entropy fused with the head, no [B, C, V] logits (``tinygpt.head_loss``).
+        # The model's own loss: cross-entropy fused with the head, no [B, C, V] logits (``tinygpt.fast.head_loss``).
         with _autocast(self.ctx.device, self.o.dtype):
             return self.forward(x, targets=y)
 

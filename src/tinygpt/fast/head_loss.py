@@ -9,9 +9,11 @@ L = mean_i (logsumexp(z_i) - z_i[t_i]) with z_i = W h_i, the gradient is known i
 
 so ``head_cross_entropy`` walks the rows in chunks, computes each chunk's logits, its softmax (one pass, into a
 reused buffer), its loss and its two gradient products, and keeps only dL/dh [N, D] and dL/dW [V, D] for the
-backward pass. Same FLOPs (three products), one exp pass instead of two, no [N, V] tensor at all: on the 2-core
-reference machine a training step of the benchmark's 4-layer model ran ~1.1x faster
-(``python -m benchmarks --only train``), and its peak memory no longer grows with N x V.
+backward pass. Same FLOPs (three products), one exp pass instead of two, no [N, V] tensor at all, so the peak
+memory of a training step no longer grows with N x V. Measured by ``python -m benchmarks --only train`` (against
+the plain route and the references) and ``python -m benchmarks.ab train`` (its chunks on oneDNN or BLAS).
+
+``with tinygpt.fast.disabled("loss"):`` computes the plain route instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .layers import onednn_applies, onednn_linear
+from .onednn import applies as onednn_applies, onednn_linear
+from .switch import is_enabled
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it add nothing to the loss or its gradient
 
@@ -34,7 +37,8 @@ def head_cross_entropy(
 
     h [..., D] hidden states, weight [V, D] (the bias-free head), targets [...] integer ids; returns a scalar equal
     to ``F.cross_entropy(h @ weight.T, targets, ignore_index=ignore_index)`` (NaN when every target is ignored, as
-    there), differentiable in h and weight. Under autocast or ``torch.compile`` it is that plain expression.
+    there), differentiable in h and weight. Under autocast, ``torch.compile`` or ``disabled("loss")`` it is that
+    plain expression.
     """
     if torch.compiler.is_compiling():  # the whole expression to the compiler, without the host-side checks
         return F.cross_entropy(F.linear(h, weight).flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index)
@@ -52,7 +56,7 @@ def head_cross_entropy(
         bad = lo if lo < 0 else hi
         raise ValueError(f"target id {bad} is out of range: targets must satisfy 0 <= id < vocab_size={v} "
                          f"(or equal ignore_index={ignore_index})")
-    if torch.is_autocast_enabled(h.device.type) or h.dtype != weight.dtype:
+    if torch.is_autocast_enabled(h.device.type) or h.dtype != weight.dtype or not is_enabled("loss"):
         return F.cross_entropy(F.linear(flat_h, weight).float(), flat_t, ignore_index=ignore_index)
     return _HeadCrossEntropy.apply(flat_h, weight, flat_t, ignore_index)
 
@@ -74,7 +78,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
         for start in range(0, n, rows):
             hc, tc = h[start : start + rows], targets[start : start + rows]  # [m, D], [m]
             m = hc.shape[0]
-            if onednn:  # a fresh [m, V] (no out= there), still ~1.5x faster than torch.mm into the buffer here
+            if onednn:  # a fresh [m, V] (no out= there), still faster than torch.mm into the buffer (ab train)
                 logits = onednn_linear(hc, weight)
             else:
                 logits = torch.mm(hc, weight.t(), out=logits_buf[:m])  # [m, V]

@@ -1,10 +1,12 @@
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tinygpt import GPTConfig, GPTModel
-from tinygpt import head_loss
-from tinygpt.head_loss import head_cross_entropy
+from tinygpt import GPTConfig, GPTModel, fast
+from tinygpt.fast import head_loss
+from tinygpt.fast.head_loss import head_cross_entropy
 
 
 def _plain_and_fused(h, weight, targets):
@@ -25,19 +27,16 @@ def _plain_and_fused(h, weight, targets):
                                               (torch.float32, 2e-6, True)])  # float32 logits by torch.mm or oneDNN
 @pytest.mark.parametrize("chunk_logits", [1 << 24, 3 * 53])  # one chunk; chunks of 3 rows (the last one short)
 def test_fused_loss_and_gradients_equal_cross_entropy_over_logits(monkeypatch, dtype, tol, onednn, chunk_logits):
-    from tinygpt import layers
-
-    if onednn and layers.ONEDNN_LINEAR is None:
+    if onednn and not fast.onednn.available():
         pytest.skip("this torch has no oneDNN linear")
-    if not onednn:
-        monkeypatch.setattr(layers, "ONEDNN_LINEAR", None)
     monkeypatch.setattr(head_loss, "_CHUNK_LOGITS", chunk_logits)
     torch.manual_seed(0)
     h = torch.randn(2, 7, 16, dtype=dtype)
     weight = torch.randn(53, 16, dtype=dtype)
     targets = torch.randint(0, 53, (2, 7))
     targets[0, :3] = -100  # ignored positions: no loss, no gradient
-    (plain, gh, gw), (fused, fh, fw) = _plain_and_fused(h, weight, targets)
+    with contextlib.nullcontext() if onednn else fast.disabled("onednn"):
+        (plain, gh, gw), (fused, fh, fw) = _plain_and_fused(h, weight, targets)
     torch.testing.assert_close(fused, plain, rtol=tol, atol=tol)
     torch.testing.assert_close(fh, gh, rtol=tol, atol=tol)
     torch.testing.assert_close(fw, gw, rtol=tol, atol=tol)

@@ -1,0 +1,26 @@
+"""benchmarks.ab's refactor case: two checkouts timed in child processes. No timing is asserted."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import ab, ab_refactor
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_refactor_case_compares_two_checkouts_and_finds_this_one_identical_to_itself(tmp_path):
+    result = ab_refactor.run(CHECKOUT, CHECKOUT, [(1, 8)], rounds=1, repeats=1, quick=True)
+    assert [r["case"] for r in result["rows"]] == ["forward 1x8", "cached decode 1x16+8", "train step 2x32"]
+    assert all(r["identical"] and r["ratio"] > 0 for r in result["rows"])
+    assert result["before"] == result["after"] == str(CHECKOUT / "src")
+    assert "speed after/before" in ab_refactor.table(result)
+
+
+def test_refactor_case_refuses_a_folder_that_is_no_checkout(tmp_path, capsys):
+    with pytest.raises(ValueError, match="is not a tinygpt checkout"):
+        ab_refactor.run(tmp_path, CHECKOUT, [(1, 8)], rounds=1, repeats=1, quick=True)
+    with pytest.raises(SystemExit):
+        ab.main(["refactor"])
+    assert "refactor needs --before DIR" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""tinygpt.fast.onednn: the linear layers' product, oneDNN where it applies, always what F.linear computes."""
+
+import itertools
+
+import pytest
+import torch
+
+from tinygpt import fast
+from tinygpt.fast import Linear, linear, onednn
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 32), (3, 100)])  # 1 row (decoding) .. 300 rows
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_equals_f_linear(shape, with_bias):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, 40)
+    weight = torch.randn(97, 40)  # an odd width, like V = 50257
+    bias = torch.randn(97) if with_bias else None
+    with torch.no_grad():
+        got = linear(x, weight, bias)
+    assert got.shape == (*shape, 97) and got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-6, atol=1e-5)
+
+
+def test_linear_takes_any_layout():
+    # Weights that are views (a transpose, as one might assign from an [in, out] checkpoint; every other row),
+    # strided and broadcast biases (oneDNN alone gets these wrong: linear must hand it a contiguous one), inputs that
+    # are transposed, sliced or broadcast, and no rows at all.
+    torch.manual_seed(0)
+    weight_t, weight_2, x = torch.randn(24, 50), torch.randn(100, 24)[::2], torch.randn(6, 24)
+    weights = {"transposed": weight_t.t(), "every other row": weight_2}
+    biases = {"none": None, "strided": torch.randn(100)[::2], "broadcast": torch.randn(1).expand(50)}
+    inputs = {"transposed": torch.randn(24, 3).t(), "sliced": torch.randn(12, 24)[::2],
+              "broadcast": x[:1].expand(4, 24), "3d sliced": torch.randn(2, 6, 48)[:, ::2, ::2]}
+    for (wn, w), (bn, b), (xn, xi) in itertools.product(weights.items(), biases.items(), inputs.items()):
+        with torch.no_grad():
+            got = linear(xi, w, b)
+        torch.testing.assert_close(got, torch.nn.functional.linear(xi, w, b), rtol=1e-6, atol=1e-5,
+                                   msg=lambda m: f"weight {wn}, bias {bn}, input {xn}: {m}")
+    with torch.no_grad():
+        assert linear(torch.randn(0, 24), weight_2).shape == (0, 50)
+
+
+def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch):
+    # The oneDNN product must be the one that runs for inference in float32, and never where it would change what
+    # is computed or seen: autograd, float64, autocast (bf16 products), a FLOP counter, vmap. A spy stands in for
+    # the kernel, so the choice is tested on machines without oneDNN too.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    calls = []
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(attrs)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(onednn, "KERNEL", spy)
+    module = Linear(16, 30)
+    with torch.no_grad():
+        module(torch.randn(1, 1, 16))
+        assert calls == [("none", [], "")]
+        module.double()(torch.randn(1, 1, 16, dtype=torch.float64))
+        module.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert module(torch.randn(2, 16)).dtype == torch.bfloat16
+        with FlopCounterMode(display=False) as counter:
+            module(torch.randn(2, 16))
+        assert counter.get_total_flops() == 2 * 2 * 16 * 30
+        assert torch.func.vmap(module)(torch.randn(3, 2, 16)).shape == (3, 2, 30)  # vmap: plain F.linear
+    assert len(calls) == 1
+    with torch.inference_mode():
+        module(torch.randn(300, 16))
+    assert len(calls) == 2
+    module(torch.randn(1, 1, 16)).sum().backward()  # autograd: the plain F.linear, gradients as usual
+    assert len(calls) == 2 and module.weight.grad is not None
+    with torch.no_grad(), fast.disabled("onednn"):  # switched off: F.linear
+        assert module(torch.randn(4, 16)).shape == (4, 30)
+    assert len(calls) == 2
+    monkeypatch.setattr(onednn, "KERNEL", None)  # no oneDNN in this torch: F.linear
+    with torch.no_grad():
+        assert module(torch.randn(4, 16)).shape == (4, 30)
+    assert len(calls) == 2
+
+
+def test_onednn_kernel_is_used_only_where_it_checks_out(monkeypatch):
+    # The kernel is private to torch: it is taken only on x86-64, and only if a small integer product (exact in any
+    # summation order) comes out as F.linear's; a kernel that raises or computes something else is never used.
+    monkeypatch.setattr(onednn.torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(onednn.platform, "machine", lambda: "aarch64")
+    assert onednn._find_onednn_linear() is None
+    monkeypatch.setattr(onednn.platform, "machine", lambda: "x86_64")
+
+    def wrong(x, weight, bias, *attrs):
+        return torch.nn.functional.linear(x, weight) + 1.0
+
+    def raises(*args):
+        raise RuntimeError("no such kernel")
+
+    def right(x, weight, bias, *attrs):
+        return torch.nn.functional.linear(x, weight, bias)
+
+    for kernel, usable in ((wrong, False), (raises, False), (right, True)):
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", kernel)
+        assert (onednn._find_onednn_linear() is kernel) == usable
