@@ -197,8 +197,9 @@ class PPOStage(Stage):
 
 def reward_kl_figure(records: list[dict[str, Any]]) -> Figure:
     """Mean reward (top) and the KL estimate (bottom) per PPO step, as a two-panel ``Figure``. The KL is the
-    per-step mean over the sampled responses of sum_t (log pi_old - log pi_ref) (``ppo.token_rewards``): an unbiased
-    sample estimate of KL(pi_old || pi_ref), which, unlike the KL itself, can fall below zero -- hence the 0 line."""
+    per-step mean over the sampled responses of sum_t (log pi_old - log pi_ref) (``ppo.token_rewards``): a sample
+    estimate of KL(pi_old || pi_ref) from a few responses, which, unlike the KL itself, can fall below zero -- hence
+    the 0 line."""
     from ..figures import integer_ticks, new_figure
 
     steps = [r["step"] for r in records if "reward" in r]
