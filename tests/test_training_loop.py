@@ -182,3 +182,33 @@ def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_fi
     assert main(["experiment", "activations", "--out", str(tmp_path / "file")]) == 2
     assert "is an existing file" in capsys.readouterr().err
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (tmp_path / "file").read_text() == "x"
+
+
+def test_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, prepared, monkeypatch):
+    from tinygpt.training import loop
+
+    drawn = []
+    real_plot = loop.plot_losses
+    monkeypatch.setattr(loop, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
+                                                                           real_plot(records, path, **kw)))
+    train(options(tmp_path / "quick", prepared))  # evals at 4 and 8, well inside one interval
+    assert drawn == [8] and (tmp_path / "quick" / "loss.png").is_file()
+    drawn.clear()
+    monkeypatch.setattr(loop, "PLOT_INTERVAL_SECONDS", 0.0)
+    train(options(tmp_path / "every", prepared))
+    assert drawn == [4, 8]  # every eval once the interval has passed
+
+
+def test_the_eval_sample_is_the_cached_generation_of_the_model(tmp_path, prepared):
+    from tinygpt import generate
+
+    # 40 new tokens > context_length 16: the window overflows, the cache is re-prefilled ("shift"). The model's
+    # vocabulary is the tokenizer's 18 characters, so every sampled id decodes.
+    result = train(options(tmp_path / "run", prepared, config=CONFIG.replace(vocab_size=18), sample_tokens=40,
+                           sample_prompt="the"))
+    tokenizer = load_checkpoint_tokenizer(tmp_path / "run")
+    ids = tokenizer.encode("the")
+    again = generate(result.model, [ids], max_new_tokens=40, temperature=0.8, overflow="shift",
+                     generator=torch.Generator().manual_seed(0))
+    assert result.samples[-1] == tokenizer.decode(ids + again.tokens[0, : again.lengths[0]].tolist())
+    assert len(result.samples) == 2  # one per eval

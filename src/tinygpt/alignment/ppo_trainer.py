@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from ..training.optim import optimizer_step
 from .loop import FinetuneOptions, FinetuneResult, Stage, load_start_model, run_stage
 from .reward import scalar_head
 from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.figure import Figure
 
 RewardFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], torch.Tensor]  # (prompts, responses) -> [B]
 
@@ -191,31 +194,40 @@ class PPOStage(Stage):
         plot_reward_and_kl(records, Path(run_dir) / "ppo.png")
 
 
-def plot_reward_and_kl(records: list[dict[str, Any]], path: Path) -> None:
-    """Mean reward and KL to the reference per PPO step, as a two-panel PNG (written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..fileio import atomic_write_with
+def reward_kl_figure(records: list[dict[str, Any]]) -> Figure:
+    """Mean reward (top) and the KL estimate (bottom) per PPO step, as a two-panel ``Figure``. The KL is the
+    per-step mean over the sampled responses of sum_t (log pi_old - log pi_ref) (``ppo.token_rewards``): a sample
+    estimate of KL(pi_old || pi_ref) from a few responses, which, unlike the KL itself, can fall below zero -- hence
+    the 0 line."""
+    from ..figures import integer_ticks, new_figure
 
     steps = [r["step"] for r in records if "reward" in r]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    fig = new_figure(7, 5.4)
+    top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(steps, [r["reward"] for r in records if "reward" in r], label="mean reward (sampled)")
     evals = [r for r in records if "val_reward" in r]
     if evals:
         top.plot([r["step"] for r in evals], [r["val_reward"] for r in evals], "o-", label="val reward (greedy)")
     top.set_ylabel("reward")
     top.legend()
-    bottom.plot(steps, [r["kl"] for r in records if "kl" in r], color="tab:red")
-    bottom.set_ylabel("KL to reference (nats/response)")
-    bottom.set_xlabel("PPO step")
+    bottom.plot(steps, [r["kl"] for r in records if "kl" in r], color="tab:red",
+                label="mean over sampled responses of sum (log pi_old - log pi_ref)")
+    bottom.axhline(0.0, color="gray", lw=0.8)
+    bottom.set_ylabel("sample estimate of KL\nto reference (nats/response)")
+    bottom.legend(fontsize=8)
     for ax in (top, bottom):
+        ax.set_xlabel("PPO step")
+        ax.xaxis.set_tick_params(labelbottom=True)  # sharex would hide the top panel's step numbers
+        integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    return fig
+
+
+def plot_reward_and_kl(records: list[dict[str, Any]], path: Path) -> None:
+    """``reward_kl_figure`` as a PNG (written atomically)."""
+    from ..figures import save_png
+
+    save_png(reward_kl_figure(records), path)
 
 
 def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:

@@ -112,9 +112,12 @@ def run_activations(out: str | Path | None = None, seed: int = 123) -> Experimen
         ax_f.plot(xs, y.numpy(), styles[name], label=name)
         ax_d.plot(xs, dy.numpy(), styles[name], label=name)
     ax_f.set_title("activation f(x)")
+    ax_f.set_ylabel("f(x)")
     ax_d.set_title("derivative f'(x)")
+    ax_d.set_ylabel("f'(x)")
     ax_gap.plot(xs, (exact - tanh).numpy(), color="black")
     ax_gap.set_title("GELU exact - GELU tanh")
+    ax_gap.set_ylabel("difference (float64)")
     for ax in (ax_f, ax_d, ax_gap):
         ax.axhline(0, color="grey", lw=0.6)
         ax.axvline(0, color="grey", lw=0.6)

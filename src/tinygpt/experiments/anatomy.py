@@ -146,6 +146,7 @@ def run_anatomy(out: str | Path | None = None, seed: int = 123,
         ax.text(i, 101, f"{results[lab]['total'] / 1e6:,.1f}M" if results[lab]["total"] >= 1e5
                 else f"{results[lab]['total']:,}", ha="center", va="bottom", fontsize=9)
     ax.set_ylim(0, 110)
+    ax.set_xlabel("config")
     ax.set_ylabel("% of parameters")
     ax.set_title("Where the parameters are (total above each bar; untied head, no QKV bias unless configured)")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)

@@ -15,6 +15,7 @@ import torch
 
 from .. import checks
 from ..config import GPTConfig
+from ..figures import integer_ticks
 from ..model import GPTModel
 from .anatomy import resolve_config
 from .report import ExperimentReport, check_seed, finish, format_table, new_figure, output_dir
@@ -134,14 +135,16 @@ def run_attention(out: str | Path | None = None, seed: int = 123, *, model_dir: 
             continue
         image = ax.imshow(w[h].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
         ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xlabel("key position", fontsize=7)
+        ax.set_ylabel("query position", fontsize=7)
         if t <= 40:
             ax.set_xticks(range(t), labels, fontsize=5, rotation=90)
             ax.set_yticks(range(t), labels, fontsize=5)
-        else:
-            ax.set_xticks([])
-            ax.set_yticks([])
+        else:  # too many to name: positions, at whole numbers
+            integer_ticks(ax.xaxis)
+            integer_ticks(ax.yaxis)
     fig.suptitle(f"Attention weights, layer {layer} (rows: queries, columns: keys)", fontsize=10)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight (softmax)")
 
     data = {
         "seed": seed,

@@ -87,10 +87,14 @@ def run_layernorm(out: str | Path | None = None, seed: int = 123) -> ExperimentR
     ax_ex.set_yticks(range(len(names)), [n.replace(" (", "\n(") for n in names], fontsize=7)
     ax_ex.axvline(0, color="grey", lw=0.6)
     ax_ex.set_title("x = [1, 3] normalised")
+    ax_ex.set_xlabel("normalised value")
+    ax_ex.set_ylabel("variance convention")
     ax_ex.grid(alpha=0.3)
     for name, t in stages.items():
         ax_hist.hist(t.flatten().numpy(), bins=50, histtype="step", density=True, label=name)
     ax_hist.set_title(f"values over a {list(BATCH_SHAPE)} batch (seed {seed})")
+    ax_hist.set_xlabel("value")
+    ax_hist.set_ylabel("density")
     ax_hist.legend(fontsize=8)
 
     data = {

@@ -1,7 +1,7 @@
 """What every experiment hands back and writes: a printed table, a JSON of the raw figures and a PNG.
 
-Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas attached explicitly, so no GUI backend
-is ever touched and pyplot's global state is left alone. JSON and PNG files are written atomically.
+Figures are drawn as ``tinygpt.figures`` draws every figure (a bare ``Figure`` on the Agg canvas, no pyplot).
+JSON and PNG files are written atomically.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .. import checks
+from ..figures import new_figure, save_png
 from ..fileio import atomic_write_with, check_output_dir
+
+__all__ = ["DEFAULT_ROOT", "ExperimentReport", "check_seed", "finish", "format_table", "new_figure", "output_dir",
+           "save_png", "write_json"]
 
 DEFAULT_ROOT = Path("runs") / "experiments"
 
@@ -56,22 +59,6 @@ def _jsonable(value: Any) -> Any:
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     text = json.dumps(_jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n"
     atomic_write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    return path
-
-
-def new_figure(width: float, height: float, layout: str | None = None) -> Figure:
-    """A figure bound to the Agg canvas (PNG output without any GUI backend); ``layout`` as for ``Figure``
-    (``save_png`` applies ``tight_layout`` when none is set)."""
-    fig = Figure(figsize=(width, height), dpi=100, layout=layout)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save_png(fig: Figure, path: Path) -> Path:
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    # No "Software" metadata: the same seed gives the same bytes across matplotlib patch versions more often.
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
     return path
 
 

@@ -101,6 +101,7 @@ def run_residual(out: str | Path | None = None, seed: int = 123) -> ExperimentRe
     ax.bar([x + 0.2 for x in xs], grads_shortcut, width=0.4, label="with shortcuts", color="#4c72b0")
     ax.set_yscale("log")
     ax.set_xticks(list(xs), [f"layer {i}\n{LAYER_SIZES[i]}->{LAYER_SIZES[i + 1]}" for i in xs])
+    ax.set_xlabel("layer (input -> output width)")
     ax.set_ylabel("mean |dL/dW| (log scale)")
     ax.set_title(f"Residual shortcuts: weight gradients of the 5-layer example (seed {seed})")
     ax.legend()

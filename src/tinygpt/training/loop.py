@@ -40,6 +40,10 @@ from .lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoin
 from .optim import Schedule, build_optimizer, optimizer_step
 from .options import DEFAULT_MODEL, TrainingOptions
 
+# The loss plot is redrawn at an eval only when this long has passed since the last drawing (a drawing costs as
+# much as several training steps), and always at the end: a long run's loss.png stays current, a short run draws once.
+PLOT_INTERVAL_SECONDS = 60.0
+
 # The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept.
 TrainingDiverged = Diverged
 
@@ -229,25 +233,29 @@ class _Run:
         self.step += 1
         return mean_loss, norm, lr
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over ``eval_iters`` global batches of each split; the same windows at every eval (a fixed
-        seed, its own generator: the training streams are not touched)."""
+        seed, its own generator: the training streams are not touched). Under ``torch.inference_mode`` (no view or
+        version-counter bookkeeping, lighter than ``no_grad``), except with FSDP: the parameters it unshards here
+        must stay ordinary tensors for the next training step."""
         self.wrapped.eval()
         result = {}
-        for split, tokens in (("train", self.corpus.train), ("val", self.corpus.val)):
-            sampler = WindowSampler(tokens, self.config.context_length, self.o.seed + 1)
-            total = torch.zeros((), device=self.ctx.device)
-            for _ in range(self.o.eval_iters):
-                total += self.loss(*self.batch(sampler))
-            result[f"{split}_loss"] = float(dist_utils.all_reduce_mean(total / self.o.eval_iters, self.ctx))
+        with torch.no_grad() if self.o.fsdp else torch.inference_mode():
+            for split, tokens in (("train", self.corpus.train), ("val", self.corpus.val)):
+                sampler = WindowSampler(tokens, self.config.context_length, self.o.seed + 1)
+                total = torch.zeros((), device=self.ctx.device)
+                for _ in range(self.o.eval_iters):
+                    total += self.loss(*self.batch(sampler))
+                result[f"{split}_loss"] = float(dist_utils.all_reduce_mean(total / self.o.eval_iters, self.ctx))
         self.wrapped.train()
         return result
 
     def sample(self) -> str:
         """A continuation of the prompt (default: the start of the validation text), sampled at
         ``sample_temperature`` from a generator of its own (so the training RNG streams are untouched; 0 =
-        greedy). Every rank runs it (an FSDP forward is collective); rank 0 prints it."""
+        greedy). Every rank runs it (an FSDP forward is collective); rank 0 prints it. The KV cache serves every
+        token (``overflow="shift"``: once the window is full its last C/2 tokens are re-prefilled), so a sample
+        longer than the window costs a one-token forward per token, not a full-window forward per token."""
         prompt = self.o.sample_prompt
         if prompt:
             ids = self.tokenizer.encode(prompt)
@@ -259,7 +267,8 @@ class _Run:
         generator = torch.Generator(self.ctx.device).manual_seed(self.o.seed)
         with autocast(self.ctx.device, self.o.dtype):
             result = generate(self.model, [ids], max_new_tokens=self.o.sample_tokens,
-                              temperature=self.o.sample_temperature, generator=generator)
+                              temperature=self.o.sample_temperature, generator=generator,
+                              overflow="shift" if self.config.context_length > 1 else "slide")
         return self._decode_for_display(ids + result.tokens[0, : result.lengths[0]].tolist())
 
     def _decode_for_display(self, ids: list[int]) -> str:
@@ -336,7 +345,7 @@ def _train(run: _Run) -> TrainingResult:
     samples: list[str] = []
     rate_window: list[tuple[float, int]] = []
     tokens_per_second = None
-    t_last = time.perf_counter()
+    t_last = last_plot = time.perf_counter()
     stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
     try:
         while run.step < end:
@@ -366,8 +375,9 @@ def _train(run: _Run) -> TrainingResult:
                         f"(unigram {baseline:.4f})  {speed}\n--- sample ---\n{text}\n---")
             if log is not None:
                 log.append(record)
-                if "val_loss" in record:
+                if is_last or ("val_loss" in record and time.perf_counter() - last_plot >= PLOT_INTERVAL_SECONDS):
                     plot_losses(log.records, run.run_dir / "loss.png", baseline=baseline)
+                    last_plot = time.perf_counter()
             saved = run.step % checkpoint_every == 0 or is_last
             if saved:
                 run.checkpoint()

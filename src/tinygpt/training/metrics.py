@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..config import GPTConfig
 from ..params import count_parameters
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.figure import Figure
 
 # Dense bf16 peaks from the vendors' data sheets (TFLOP/s), for the MFU estimate on known GPUs. Anything else
 # (CPUs included) has no default: pass --peak-tflops to get an MFU figure.
@@ -75,19 +78,16 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
 
-def plot_losses(records: list[dict[str, Any]], path: Path, *, baseline: float | None = None) -> None:
-    """Training loss per step, and train/val loss at each eval, as a PNG (written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..fileio import atomic_write_with
+def loss_figure(records: list[dict[str, Any]], *, baseline: float | None = None) -> Figure:
+    """The loss curves of ``records`` (``metrics.jsonl``'s lines): training loss per step, and train/val loss at
+    each eval, as a ``matplotlib.figure.Figure``."""
+    from ..figures import integer_ticks, new_figure
 
     steps = [r["step"] for r in records if "loss" in r]
     losses = [r["loss"] for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = new_figure(7, 4)
+    ax = fig.add_subplot()
     ax.plot(steps, losses, lw=0.8, alpha=0.6, label="train (step)")
     if evals:
         ax.plot([r["step"] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
@@ -95,9 +95,15 @@ def plot_losses(records: list[dict[str, Any]], path: Path, *, baseline: float | 
     if baseline is not None:
         ax.axhline(baseline, color="gray", ls="--", lw=1, label=f"unigram baseline {baseline:.2f}")
     ax.set_xlabel("step")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel("cross-entropy loss (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    return fig
+
+
+def plot_losses(records: list[dict[str, Any]], path: Path, *, baseline: float | None = None) -> None:
+    """``loss_figure`` as a PNG (written atomically)."""
+    from ..figures import save_png
+
+    save_png(loss_figure(records, baseline=baseline), path)
