@@ -157,6 +157,22 @@ def test_bf16_autocast_on_cpu(tmp_path, prepared):
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # autocast: weights stay float32
 
 
+def test_force_trains_into_a_folder_with_other_files_and_keeps_them(tmp_path, training_text_file, capsys):
+    """--force lets a run use a folder that holds a user's files; they are still there afterwards, untouched."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    config = tmp_path / "c.json"
+    config.write_text(CONFIG.replace(vocab_size=18).to_json())
+    args = ["train", "--data", str(training_text_file), "--config", str(config), "--out", str(mine), "--max-steps",
+            "2", "--eval-every", "2", "--eval-iters", "1", "--batch-size", "2", "--no-progress", "--device", "cpu"]
+    assert main(args) == 2 and "pass --force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
+    assert (mine / "notes.txt").read_text() == "mine" and load_model(mine).config.vocab_size == 18
+    assert main([*args, "--resume", "auto"]) == 2  # a run folder now: --force is not needed to resume it
+    assert "already" in capsys.readouterr().err
+
+
 def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_file, capsys, monkeypatch):
     """train, sft, reward, dpo, ppo and experiment: an --out that is a file, a folder of unrelated files or a
     folder of another kind is one line, before any data is read or model loaded (the model paths here do not even
@@ -179,6 +195,9 @@ def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_fi
             assert main([*command, "--out", str(out)]) == 2, command
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and message in err and err.startswith(f"tinygpt {command[0]}: "), err
+    for command in commands[1:]:  # --force passes the fine-tuning stages' folder check: what fails next is the model
+        assert main([*command, "--out", str(mine), "--force"]) == 2
+        assert "unrelated files" not in capsys.readouterr().err
     assert main(["experiment", "activations", "--out", str(tmp_path / "file")]) == 2
     assert "is an existing file" in capsys.readouterr().err
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (tmp_path / "file").read_text() == "x"

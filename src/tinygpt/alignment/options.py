@@ -28,6 +28,7 @@ class FinetuneOptions:
 
     out_dir: str = option("runs/finetune", "run folder: step-N checkpoints, metrics.jsonl, plot, final model",
                           flag="--out", metavar="DIR")
+    force: bool = option(False, "write the run into a folder that holds other files (they are kept)")
     epochs: int = option(1, "passes over the training examples")
     max_steps: int | None = option(None, "optimizer steps in all", default_help="from --epochs")
     stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint); --resume continues",
@@ -73,4 +74,4 @@ class FinetuneOptions:
         checks.non_negative_int("seed", self.seed, optional=True)
         checks.choice("dtype", self.dtype, DTYPES)
         # Every stage calls this first: the run folder is checked before the model is even loaded.
-        check_save_target(self.out_dir, RUN)
+        check_save_target(self.out_dir, RUN, overwrite=self.force)

@@ -112,7 +112,8 @@ class _Run:
         self.run_dir = Path(options.out_dir)
         self.main = self.ctx.is_main
         if self.main:  # before any work: the run folder is writable, has room, and is not something else's folder
-            check_save_target(self.run_dir, RUN, inputs=[*(options.data or []), *filter(None, [options.prepared])])
+            check_save_target(self.run_dir, RUN, overwrite=options.force,
+                              inputs=[*(options.data or []), *filter(None, [options.prepared])])
         self.overrides = {k: getattr(options, k) for k in ("n_layers", "n_heads", "emb_dim", "context_length")}
         self.schedule = Schedule(options.lr, options.min_lr, options.warmup_steps, options.max_steps)
 

@@ -44,6 +44,7 @@ class TrainingOptions:
                                         default_help="the config's")
     out_dir: str = option("runs/tinygpt", "run folder: checkpoints, metrics, plot, final model", flag="--out",
                           metavar="DIR")
+    force: bool = option(False, "write the run into a folder that holds other files (they are kept)")
     resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest one; auto = "
                                       "OUT's newest, or a fresh start when there is none", metavar="DIR|auto",
                                 default_help="a fresh start")
