@@ -1,9 +1,10 @@
 """lm-eval's own ``local-completions`` model pointed at ``tinygpt serve``: the shipped tasks give the same
 log-likelihoods (within 1e-4), accuracies and generated answers as tinygpt's in-process class on the same weights.
 
-The server runs in a thread on 127.0.0.1 at a free port. lm-eval tokenizes with the exported checkpoint's own
-vocab.json + merges.txt (``tokenizer_backend=huggingface`` on a local folder: no hub), sends token ids, and reads the
-prompt's log-probabilities back through ``echo`` + ``logprobs``.
+The server runs in a thread on 127.0.0.1 at a free port. lm-eval tokenizes either with the exported checkpoint's
+own vocab.json + merges.txt (``tokenizer_backend=huggingface`` on a local folder: no hub) or through the server
+(``tokenizer_backend=remote``: /tokenizer_info, /tokenize, /detokenize), sends token ids, and reads the prompt's
+log-probabilities back through ``echo`` + ``logprobs``.
 """
 
 from __future__ import annotations
@@ -51,10 +52,15 @@ def served(tmp_path_factory):
         yield model, tokenizer, folder, server
 
 
-def test_local_completions_against_tinygpt_serve_match_in_process(served):
+@pytest.mark.parametrize("backend", ["huggingface", "remote"])
+def test_local_completions_against_tinygpt_serve_match_in_process(served, backend):
+    """``huggingface``: lm-eval tokenizes with the export's files; ``remote``: with the server's /tokenizer_info,
+    /tokenize and /detokenize, no tokenizer files at all."""
     model, tokenizer, folder, server = served
     _, manager = resolve_tasks(list(SHIPPED_TASKS))
-    args = (f"base_url={server.url}/v1/completions,model=tiny,tokenizer_backend=huggingface,tokenizer={folder},"
+    tokenizer_args = f"tokenizer_backend=huggingface,tokenizer={folder}" if backend == "huggingface" else (
+        "tokenizer_backend=remote")
+    args = (f"base_url={server.url}/v1/completions,model=tiny,{tokenizer_args},"
             f"max_length=256,num_concurrent=1,max_retries=1,timeout=120")
     common = dict(tasks=list(SHIPPED_TASKS), task_manager=manager, limit=LIMIT, log_samples=True, bootstrap_iters=0)
     over_http = lm_eval.simple_evaluate(model="local-completions", model_args=args, **common)

@@ -206,6 +206,18 @@ def test_tokenize_detokenize_and_health(http):
     assert health["status"] == "ok" and health["max_batch"] == 4
 
 
+def test_tokenizer_info_and_the_end_of_text_round_trip(http):
+    """lm-eval's remote tokenizer: /tokenizer_info names the end-of-text text, /tokenize (with its
+    add_special_tokens field) maps it back to the id, so a client needs no tokenizer files of its own."""
+    info = http.get("/tokenizer_info").json()
+    eot = tokenizer().eot_id
+    assert info["eos_token_id"] == eot and info["bos_token"] is None
+    ids = http.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"]
+    assert ids == [eot]
+    bad = http.post("/tokenize", json={"prompt": "x", "add_special_tokens": "no"})
+    assert bad.status_code == 400 and "add_special_tokens" in bad.json()["error"]["message"]
+
+
 def test_inspect_gives_causal_attention_and_the_next_token_distribution(http, model):
     body = http.post("/inspect", json={"text": PROMPT, "layer": 1, "top": 3, "logit_lens": True}).json()
     ids = tokenizer().encode(PROMPT)

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..generation import GenerationConfig
 from ..text_stream import TextCodec
+from ..tokenizer import Tokenizer
 from .chat_format import CHAT_STOP_TEXTS, render_chat
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .inspect import inspect_text
@@ -364,11 +365,21 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
         name, text = parse_tokenize(await body_of(request))
         check_model(name)
         try:
-            ids = list(tokenizer.encode(text))
+            # The end-of-text text becomes its id here, as HF tokenizers and vLLM's /tokenize parse special tokens.
+            ids = list(tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer)
+                       else tokenizer.encode(text))
         except ValueError as err:
             raise bad("prompt", f"cannot be tokenized: {err}") from None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": context,
                              "pieces": [token_text(t) for t in ids]})
+
+    async def tokenizer_info(request: Request) -> Response:
+        """What a client-side tokenizer needs to know (lm-eval's ``tokenizer_backend=remote`` reads it): the
+        end-of-text token as text (``/tokenize`` maps that text back to its id), no BOS or padding token."""
+        authorize(request)
+        eos = None if eos_id is None else tokenizer.decode([eos_id])
+        return JSONResponse({"eos_token": eos, "bos_token": None, "pad_token": None, "eos_token_id": eos_id,
+                             "vocab_size": vocab, "max_model_len": context})
 
     async def detokenize(request: Request) -> Response:
         name, ids = parse_detokenize(await body_of(request))
@@ -437,6 +448,7 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/inspect", inspect, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,

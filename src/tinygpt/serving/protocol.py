@@ -277,7 +277,11 @@ def fit_max_tokens(requested: int | None, default: int | None, prompt_tokens: in
 
 
 def parse_tokenize(body: dict[str, Any]) -> tuple[str | None, str]:
-    f = _Fields(body, {"model", "prompt", "content"})
+    """(model, text). ``add_special_tokens`` (sent by lm-eval's remote tokenizer) is accepted as a boolean: tinygpt's
+    tokenizers add no BOS/EOS of their own, so both values give the same ids."""
+    f = _Fields(body, {"model", "prompt", "content", "add_special_tokens"})
+    if not isinstance(body.get("add_special_tokens", False), bool):
+        raise bad("add_special_tokens", "must be a boolean")
     text = f.str("prompt", f.str("content"))
     if text is None:
         raise bad("prompt", "is required (the text to tokenize)")
