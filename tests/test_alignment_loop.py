@@ -89,3 +89,22 @@ def test_bf16_autocast_and_the_device_rule(tmp_path, alignment_tokenizer, alignm
     assert next(stage.policy.parameters()).dtype == torch.float32  # autocast: the weights stay float32
     with pytest.raises(ValueError, match="dtype='fp16' is not allowed; allowed: auto, float32, bfloat16"):
         run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "x"), dtype="fp16"))
+
+
+def test_the_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, alignment_tokenizer,
+                                                                        alignment_config, monkeypatch):
+    from tinygpt.alignment import loop
+
+    drawn = []
+    real_plot = SFTStage.plot
+    monkeypatch.setattr(SFTStage, "plot", lambda self, records, run_dir: (drawn.append(records[-1]["step"]),
+                                                                          real_plot(self, records, run_dir)))
+    options = dict(max_steps=6, eval_every=2, progress=False)
+    run_stage(_stage(alignment_tokenizer, alignment_config, batch_size=4),
+              FinetuneOptions(out_dir=str(tmp_path / "quick"), **options))  # evals at 2, 4, 6 inside one interval
+    assert drawn == [6] and (tmp_path / "quick" / "loss.png").is_file()
+    drawn.clear()
+    monkeypatch.setattr(loop, "PLOT_INTERVAL_SECONDS", 0.0)
+    run_stage(_stage(alignment_tokenizer, alignment_config, batch_size=4),
+              FinetuneOptions(out_dir=str(tmp_path / "every"), **options))
+    assert drawn == [2, 4, 6]  # every evaluation once the interval has passed

@@ -29,9 +29,9 @@ def model_dir(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--max-batch", "0"], "--max-batch=0 must be >= 1"),
-    (["--max-queue", "-1"], "--max-queue=-1 must be >= 0"),
-    (["--port", "70000"], "--port=70000 must be in 0..65535"),
+    (["--max-batch", "0"], "--max-batch 0 must be an integer >= 1"),
+    (["--max-queue", "-1"], "--max-queue -1 must be an integer >= 0"),
+    (["--port", "70000"], "--port 70000 must be an integer in [0, 65535]"),
     (["--api-key", " "], "--api-key must not be empty"),
 ])
 def test_bad_flags_are_one_line_errors(model_dir, capsys, flags, message):

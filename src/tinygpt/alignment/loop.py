@@ -30,7 +30,7 @@ from ..tokenizer import Tokenizer
 from .batches import batch_for_step, batches_per_epoch, split_indices
 from ..training.checkpointing import (capture_rng_state, load_training_state, prune_checkpoints,
                                       remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
-from ..training.metrics import MetricsLog, plot_losses
+from ..training.metrics import PLOT_INTERVAL_SECONDS, MetricsLog, plot_losses
 from ..training.lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
                                    refuse_fresh_start)
 from ..training.limits import check_memory
@@ -164,6 +164,7 @@ def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
     stage.policy.train()
     stage.heads.train()
     stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
+    last_plot = time.perf_counter()
     try:
         while step < end:
             lr = schedule.apply(optimizer, step)
@@ -186,8 +187,10 @@ def run_stage(stage: Stage, options: FinetuneOptions) -> FinetuneResult:
                 stage.heads.train()
                 record.update(last_eval)
             log.append(record)
-            if evaluated:
+            # The plot as the pretraining loop draws it: at most once per PLOT_INTERVAL_SECONDS, and at the end.
+            if step == end or (evaluated and time.perf_counter() - last_plot >= PLOT_INTERVAL_SECONDS):
                 stage.plot(log.records, run_dir)
+                last_plot = time.perf_counter()
             saved = step % checkpoint_every == 0 or step == end
             if saved:
                 _checkpoint(stage, optimizer, options, run_dir, step)

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from .. import checks
 from .common import CommandError
 
 API_KEY_ENV = "TINYGPT_API_KEY"
@@ -38,14 +39,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    if args.max_batch < 1:
-        raise CommandError(f"--max-batch={args.max_batch} must be >= 1")
-    if args.max_queue < 0:
-        raise CommandError(f"--max-queue={args.max_queue} must be >= 0")
-    if not 0 <= args.port <= 65535:
-        raise CommandError(f"--port={args.port} must be in 0..65535")
-    if args.shutdown_timeout < 0:
-        raise CommandError(f"--shutdown-timeout={args.shutdown_timeout} must be >= 0")
+    checks.positive_int("max_batch", args.max_batch)  # an OptionError: main() words it with the flag's name
+    checks.non_negative_int("max_queue", args.max_queue)
+    checks.int_in_range("port", args.port, 0, 65535)
+    checks.non_negative_number("shutdown_timeout", args.shutdown_timeout)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise CommandError("--api-key must not be empty")

@@ -33,16 +33,12 @@ from .checkpointing import (capture_rng_state, export_model_files, load_training
                             prune_checkpoints, remove_partial_checkpoints, resolve_resume, restore_rng_state,
                             save_checkpoint)
 from .data import PreparedCorpus, prepare_or_reuse
-from .metrics import MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
+from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog, flops_per_token, peak_flops, plot_losses, unigram_entropy
 from .limits import check_memory, check_windows
 from .lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
                         refuse_fresh_start)
 from .optim import Schedule, build_optimizer, optimizer_step
 from .options import DEFAULT_MODEL, TrainingOptions
-
-# The loss plot is redrawn at an eval only when this long has passed since the last drawing (a drawing costs as
-# much as several training steps), and always at the end: a long run's loss.png stays current, a short run draws once.
-PLOT_INTERVAL_SECONDS = 60.0
 
 # The loss or the gradient norm became NaN/inf; the run stopped and the last good checkpoint is kept.
 TrainingDiverged = Diverged

@@ -16,6 +16,10 @@ from ..params import count_parameters
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.figure import Figure
 
+# The loss plot is redrawn at an evaluation only when this long has passed since the last drawing (a drawing costs as
+# much as several training steps), and always at the end: a long run's loss.png stays current, a short run draws once.
+PLOT_INTERVAL_SECONDS = 60.0
+
 # Dense bf16 peaks from the vendors' data sheets (TFLOP/s), for the MFU estimate on known GPUs. Anything else
 # (CPUs included) has no default: pass --peak-tflops to get an MFU figure.
 _PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
