@@ -186,3 +186,18 @@ def test_bad_settings_are_value_errors():
         BatchEngine(tiny_model(), tokenizer(), max_batch=0)
     with pytest.raises(ValueError, match="max_queue"):
         BatchEngine(tiny_model(), tokenizer(), max_queue=-1)
+
+
+def test_dtype_is_every_commands_dtype_bf16_autocast_on_the_engines_thread(engine_factory):
+    model = tiny_model()
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    for dtype, autocast_on in (("float32", False), ("bfloat16", True)):
+        seen.clear()
+        sink = Collector()
+        engine_factory(model, dtype=dtype).submit([_request(_prompts(1, 4, 4)[0], 3, sink)])
+        sink.wait()
+        assert sink.finish is not None and seen and set(seen) == {autocast_on}
+    assert next(model.parameters()).dtype == torch.float32  # autocast: the weights stay float32
+    with pytest.raises(ValueError, match="dtype='fp16' is not allowed"):
+        BatchEngine(model, tokenizer(), dtype="fp16")

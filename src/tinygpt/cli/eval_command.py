@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from .common import CommandError
+from .common import CommandError, add_device_options
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    help="at most N items per task (a fraction < 1: that share of each task)")
     p.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: the task's)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="rows per forward call (default 16)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_device_options(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bars on stderr (default on)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -75,16 +75,19 @@ def _run_eval(args: argparse.Namespace) -> int:
         from ..evaluation.task_files import resolve_tasks
 
         tasks = resolve_tasks(args.tasks, args.include_path)  # before the model loads: names and files checked
+    from ..devices import autocast, resolve_device
     from ..interop.pretrained import load_pretrained
 
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=args.device)
+    device = resolve_device(args.device)
+    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
     if tokenizer is None:
         raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
     report: dict = {"model": args.model}
-    if text is not None or corpus is not None:
-        report["perplexity"] = _perplexity(args, model, tokenizer, text, corpus)
-    if tasks is not None:
-        report["tasks"] = _tasks(args, model, tokenizer, tasks)
+    with autocast(device, args.dtype):
+        if text is not None or corpus is not None:
+            report["perplexity"] = _perplexity(args, model, tokenizer, text, corpus)
+        if tasks is not None:
+            report["tasks"] = _tasks(args, model, tokenizer, tasks)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 from .. import checks
-from .common import CommandError
+from .common import CommandError, add_device_options
 
 API_KEY_ENV = "TINYGPT_API_KEY"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -28,9 +27,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="the model's id in the API (default: the directory's name or the hub name)")
     p.add_argument("--api-key", metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else no key)")
-    p.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="convert the weights to this dtype (default: as stored)")
+    add_device_options(p)
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds the in-flight requests get to finish (default: 10)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
@@ -51,23 +48,19 @@ def _run_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise CommandError(f"serving needs the serve extra: pip install 'tinygpt[serve]' ({err})") from None
-    import torch
+    from ..devices import resolve_device
 
     from ..interop.pretrained import load_pretrained
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    dtype = None if args.dtype is None else getattr(torch, args.dtype)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        raise CommandError(f"--device {args.device!r} is not a torch device ({err})") from None
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device, dtype=dtype)
+    device = resolve_device(args.device)
+    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
     if tokenizer is None:
         raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
     name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     app = create_app(model, tokenizer, model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
-                     api_key=api_key)
+                     api_key=api_key, dtype=args.dtype)
     def announce(url: str) -> None:
         print(f"tinygpt serve: {name} on {url} (max batch {args.max_batch}, queue {args.max_queue}"
               f"{', API key required' if api_key else ''})", flush=True)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..devices import autocast
 from ..generation import GenerationConfig
 from ..kv_cache import KVCache
 from ..sampling import next_tokens
@@ -174,7 +175,8 @@ class BatchEngine:
     the batch. ``submit`` is thread-safe; events reach each request's ``sink``. ``max_queue`` bounds the rows that
     wait for a place in the batch (beyond it ``submit`` raises ``QueueFull``)."""
 
-    def __init__(self, model: nn.Module, tokenizer: TextCodec, *, max_batch: int = 8, max_queue: int = 64) -> None:
+    def __init__(self, model: nn.Module, tokenizer: TextCodec, *, max_batch: int = 8, max_queue: int = 64,
+                 dtype: str = "auto") -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
@@ -186,6 +188,8 @@ class BatchEngine:
         self.vocab_size = model.config.vocab_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.autocast_dtype = dtype  # "auto" / "float32" / "bfloat16": every model call runs under ``autocast``
+        autocast(self.device, dtype)  # a bad value fails here, not on the engine's thread
         self._waiting: collections.deque[EngineRequest] = collections.deque()
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
@@ -253,7 +257,7 @@ class BatchEngine:
                 room = self.max_batch - len(self._rows)
                 newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
                     for fn, done in jobs:
                         self._run_job(fn, done)
                     self._drop_cancelled()
