@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from tinygpt import GPTConfig, GPTModel, generate
+from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE
 from tinygpt.tokenizer import BPETokenizer
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Every effort moves you forward; a café serves crème brûlée "
@@ -21,7 +22,8 @@ TEXT = ("The quick brown fox jumps over the lazy dog. Every effort moves you for
 
 @functools.lru_cache(maxsize=1)
 def tokenizer() -> BPETokenizer:
-    return BPETokenizer.train([TEXT], 300)
+    """Trained on Alpaca-shaped text, with the Alpaca chat template SFT writes (a chat model's tokenizer)."""
+    return BPETokenizer.train([TEXT], 300).with_chat_template(ALPACA_CHAT_TEMPLATE)
 
 
 def tiny_model(context_length: int = 64, seed: int = 0, **overrides: Any) -> GPTModel:

@@ -10,7 +10,7 @@ import torch
 
 from tinygpt import GPTModel, generate_text
 from tinygpt.alignment.chat import chat
-from tinygpt.alignment.data import InstructionExample, format_prompt
+from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE, InstructionExample, format_prompt
 from tinygpt.alignment.loop import FinetuneOptions, run_stage
 from tinygpt.alignment.sft import SFTStage
 
@@ -21,6 +21,21 @@ TAUGHT = {
     "What is the atomic number of oxygen?": "The atomic number of oxygen is 8.",
     "Convert 45 kilometers to meters.": "45 kilometers is 45000 meters.",
 }
+
+
+@pytest.fixture
+def chat_tokenizer(alignment_tokenizer):
+    return alignment_tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
+
+
+@pytest.fixture
+def chat_model_dir(tmp_path, chat_tokenizer, alignment_config):
+    """A seeded tiny GPT saved with the alignment tokenizer and the Alpaca chat template (as SFT saves one)."""
+    from tinygpt import save_model
+
+    torch.manual_seed(0)
+    save_model(GPTModel(alignment_config), tmp_path / "chat", chat_tokenizer)
+    return tmp_path / "chat"
 
 
 class Recorder:
@@ -35,23 +50,23 @@ class Recorder:
         return "".join(self.pieces)
 
 
-def test_chat_streams_template_answers_and_stops_at_exit(alignment_tokenizer, alignment_config):
+def test_chat_streams_template_answers_and_stops_at_exit(chat_tokenizer, alignment_config):
     model = GPTModel(alignment_config).eval()
     out = Recorder()
-    answered = chat(model, alignment_tokenizer, ["Say hi.\n", "  \n", "/exit\n", "Never read.\n"], out,
+    answered = chat(model, chat_tokenizer, ["Say hi.\n", "  \n", "/exit\n", "Never read.\n"], out,
                     max_new_tokens=6, prompt_marker="> ")
-    expected = generate_text(model, alignment_tokenizer, format_prompt("Say hi."), max_new_tokens=6,
+    expected = generate_text(model, chat_tokenizer, format_prompt("Say hi."), max_new_tokens=6,
                              stop_texts=["\n### Instruction:", "\n### Input:", "\n### Response:"])
     assert answered == 1
     assert out.text == "> " + expected + "\n> > "  # one answer, a marker per line read, nothing after /exit
     assert len(out.pieces) > 3  # streamed piece by piece, not written once
-    assert chat(model, alignment_tokenizer, iter(()), Recorder(), max_new_tokens=2) == 0  # EOF at once
+    assert chat(model, chat_tokenizer, iter(()), Recorder(), max_new_tokens=2) == 0  # EOF at once
 
 
-def test_chat_reports_a_line_the_tokenizer_cannot_encode_and_goes_on(alignment_tokenizer, alignment_config):
+def test_chat_reports_a_line_the_tokenizer_cannot_encode_and_goes_on(chat_tokenizer, alignment_config):
     errors: list[str] = []
     out = Recorder()
-    answered = chat(GPTModel(alignment_config), alignment_tokenizer, ["say <|endoftext|>\n", "ok\n"], out,
+    answered = chat(GPTModel(alignment_config), chat_tokenizer, ["say <|endoftext|>\n", "ok\n"], out,
                     max_new_tokens=2, report_error=errors.append)
     assert answered == 1 and len(errors) == 1 and "<|endoftext|>" in errors[0]
 
@@ -63,7 +78,8 @@ def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_token
     run_stage(stage, FinetuneOptions(out_dir=str(tmp_path / "sft"), max_steps=60, lr=1e-2, min_lr=1e-3,
                                      eval_every=60, progress=False))
     out = Recorder()
-    chat(stage.policy, alignment_tokenizer, [f"{q}\n" for q in TAUGHT], out, max_new_tokens=40)
+    assert stage.tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE  # SFT gives its model the Alpaca template
+    chat(stage.policy, stage.tokenizer, [f"{q}\n" for q in TAUGHT], out, max_new_tokens=40)
     assert out.text.splitlines() == list(TAUGHT.values())  # each answer ended at the learned end-of-text
 
     # The same through the command line, with the questions piped into stdin.
@@ -74,9 +90,9 @@ def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_token
     assert done.stdout.splitlines() == list(TAUGHT.values())
 
 
-def test_a_closed_pipe_ends_chat_quietly(alignment_model_dir):
+def test_a_closed_pipe_ends_chat_quietly(chat_model_dir):
     lines = "".join(f"Say {i}.\n" for i in range(200))
-    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "chat", "--model", str(alignment_model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "chat", "--model", str(chat_model_dir),
                              "--max-new-tokens", "30", "--temperature", "1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdin.write(lines.encode())
@@ -88,16 +104,29 @@ def test_a_closed_pipe_ends_chat_quietly(alignment_model_dir):
     assert proc.wait(timeout=120) == 141 and err == b"", err.decode()
 
 
-def test_chat_takes_generate_s_stop_flags(tmp_path, alignment_model_dir, capsys, monkeypatch):
+def test_chat_takes_generate_s_stop_flags(tmp_path, chat_model_dir, capsys, monkeypatch):
     import io
 
     from tinygpt.cli import main
 
     def answer(*extra):
         monkeypatch.setattr("sys.stdin", io.StringIO("Name a color.\n"))
-        assert main(["chat", "--model", str(alignment_model_dir), "--max-new-tokens", "12", *extra]) == 0
+        assert main(["chat", "--model", str(chat_model_dir), "--max-new-tokens", "12", *extra]) == 0
         return capsys.readouterr().out
 
     full = answer()[:-1]
     stop = full[4:6]
     assert answer("--stop", stop) == full[: full.find(stop)] + "\n"
+
+
+def test_a_model_without_a_chat_template_is_refused_in_one_line(alignment_model_dir, capsys, monkeypatch):
+    import io
+
+    from tinygpt.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a color.\n"))
+    assert main(["chat", "--model", str(alignment_model_dir)]) == 2  # a pretrained model, never fine-tuned
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tinygpt chat: error: ") and captured.err.count("\n") == 1
+    assert "no chat template" in captured.err and "tinygpt sft" in captured.err

@@ -18,12 +18,14 @@ tokenizer file) as a ``BPETokenizer``, and ``write_hf_tokenizer`` writes a token
 from __future__ import annotations
 
 import abc
+import copy
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from .chat_template import TOKENIZER_CONFIG, ChatTemplate, chat_template_config, read_chat_template
 from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with
 
 ENDOFTEXT = "<|endoftext|>"
@@ -36,8 +38,9 @@ GPT2_VOCAB_ENV = "TINYGPT_GPT2_VOCAB"
 DEFAULT_BPE_VOCAB = 4096
 TOKENIZER_SPECS = ("gpt2", "char", "bpe", "bpe:VOCAB")
 BPE_FILE = "bpe.json"
-# Every file a tinygpt tokenizer may write beside a checkpoint (a later save without them removes them).
-TOKENIZER_FILES = (DESCRIPTOR, LEGACY_DESCRIPTOR, BPE_FILE, *GPT2_FILES)
+# Every file a tinygpt tokenizer may write beside a checkpoint (a later save without them removes them); the
+# tokenizer_config.json holds its chat template, when it has one.
+TOKENIZER_FILES = (DESCRIPTOR, LEGACY_DESCRIPTOR, BPE_FILE, *GPT2_FILES, TOKENIZER_CONFIG)
 
 # The URLs and sha256 values tiktoken_ext.openai_public.gpt2() loads (tiktoken 0.14); used to fetch the two files
 # from tiktoken's cache when a tokenizer that came from get_encoding("gpt2") is saved beside a checkpoint.
@@ -54,11 +57,23 @@ class GPT2VocabularyError(ValueError):
 
 
 class Tokenizer(abc.ABC):
-    """The common interface. ``kind`` is "gpt2", "char" or "bpe"; ``eot_id`` is the end-of-text id (or None)."""
+    """The common interface. ``kind`` is "gpt2", "char" or "bpe"; ``eot_id`` is the end-of-text id (or None);
+    ``chat_template`` the conversation format of the model it belongs to (``tinygpt.chat_template``), or None."""
 
     kind: str = ""
     vocab_size: int
     eot_id: int | None = None
+    chat_template: ChatTemplate | None = None
+
+    def with_chat_template(self, template: str | ChatTemplate | None) -> "Tokenizer":
+        """A copy of this tokenizer with ``template`` (Jinja text: it sees this tokenizer's special tokens, GPT-2's
+        convention of ``<|endoftext|>`` as bos, eos and unk, as ``write_hf_tokenizer`` writes them)."""
+        if isinstance(template, str):
+            tokens = {} if self.eot_id is None else {k: ENDOFTEXT for k in ("bos_token", "eos_token", "unk_token")}
+            template = ChatTemplate(template, tokens)
+        other = copy.copy(self)
+        other.chat_template = template
+        return other
 
     @abc.abstractmethod
     def encode(self, text: str, *, allowed_special: bool = False) -> list[int]:
@@ -101,9 +116,11 @@ class Tokenizer(abc.ABC):
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
 
 
-def _write_descriptor(directory: Path, data: dict[str, Any]) -> None:
+def _write_descriptor(directory: Path, data: dict[str, Any], template: ChatTemplate | None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_text(directory / DESCRIPTOR, json.dumps({"format": "tinygpt-tokenizer", **data}, indent=2) + "\n")
+    if template is not None:
+        atomic_write_text(directory / TOKENIZER_CONFIG, json.dumps(chat_template_config(template), indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ GPT-2
@@ -140,7 +157,8 @@ class GPT2Tokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         self.write_files(directory)
-        _write_descriptor(Path(directory), {"kind": "gpt2", "encoder": GPT2_FILES[0], "vocab": GPT2_FILES[1]})
+        _write_descriptor(Path(directory), {"kind": "gpt2", "encoder": GPT2_FILES[0], "vocab": GPT2_FILES[1]},
+                          self.chat_template)
 
     def write_files(self, directory: str | Path, names: tuple[str, str] = GPT2_FILES) -> None:
         """Write the (encoder, merges) files into ``directory`` under ``names`` (OpenAI's or ``HF_GPT2_FILES``)."""
@@ -262,7 +280,7 @@ class CharTokenizer(Tokenizer):
         return "".join(self.chars[i] for i in self._check_ids(ids))
 
     def save(self, directory: str | Path) -> None:
-        _write_descriptor(Path(directory), {"kind": "char", "chars": self.chars})
+        _write_descriptor(Path(directory), {"kind": "char", "chars": self.chars}, self.chat_template)
 
 
 # ------------------------------------------------------------------------------------------------ BPE
@@ -310,7 +328,7 @@ class BPETokenizer(Tokenizer):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(directory / self.FILE, self.tokenizer.to_str())
-        _write_descriptor(directory, {"kind": "bpe", "file": self.FILE})
+        _write_descriptor(directory, {"kind": "bpe", "file": self.FILE}, self.chat_template)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB) -> "BPETokenizer":
@@ -388,7 +406,14 @@ def find_descriptor(directory: str | Path) -> Path | None:
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Read the tokenizer saved in ``directory`` (its ``tinygpt_tokenizer.json`` and the files it names)."""
+    """Read the tokenizer saved in ``directory`` (its ``tinygpt_tokenizer.json`` and the files it names), with the
+    chat template of its ``tokenizer_config.json`` when there is one."""
+    tokenizer = _load_descriptor(directory)
+    template = read_chat_template(directory)
+    return tokenizer if template is None else tokenizer.with_chat_template(template)
+
+
+def _load_descriptor(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
     path = find_descriptor(directory) or directory / DESCRIPTOR
     try:
@@ -439,8 +464,11 @@ def tokenizer_from_dir(directory: str | Path) -> Tokenizer:
     if find_descriptor(directory) is not None:
         return load_tokenizer(directory)
     if (directory / HF_TOKENIZER_FILE).is_file() and not all((directory / n).is_file() for n in HF_GPT2_FILES):
-        return hf_tokenizer_from_file(directory / HF_TOKENIZER_FILE)
-    return gpt2_tokenizer(directory)
+        tokenizer: Tokenizer = hf_tokenizer_from_file(directory / HF_TOKENIZER_FILE)
+    else:
+        tokenizer = gpt2_tokenizer(directory)
+    template = read_chat_template(directory)  # a Hugging Face folder's own template, as transformers reads it
+    return tokenizer if template is None else tokenizer.with_chat_template(template)
 
 
 def has_tokenizer_files(directory: str | Path) -> bool:
@@ -452,13 +480,14 @@ def has_tokenizer_files(directory: str | Path) -> bool:
 
 # Files a Hugging Face folder's tokenizer consists of (``write_hf_tokenizer`` writes them; an export over an older
 # export removes those it does not write again).
-HF_TOKENIZER_FILES = (HF_TOKENIZER_FILE, *HF_GPT2_FILES, "tokenizer_config.json", "special_tokens_map.json")
+HF_TOKENIZER_FILES = (HF_TOKENIZER_FILE, *HF_GPT2_FILES, TOKENIZER_CONFIG, "special_tokens_map.json")
 
 
 def write_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, model_max_length: int) -> list[str]:
     """Write ``tokenizer`` in the form ``transformers.AutoTokenizer`` loads: GPT-2's as vocab.json + merges.txt, a
     trained BPE as tokenizer.json; both with tokenizer_config.json naming the end-of-text token. Returns the names
-    written. A character tokenizer has no such form: ``ValueError``."""
+    written. The tokenizer's chat template goes into tokenizer_config.json, where ``AutoTokenizer`` reads it. A
+    character tokenizer has no such form: ``ValueError``."""
     directory = Path(directory)
     if isinstance(tokenizer, GPT2Tokenizer):
         tokenizer.write_files(directory, HF_GPT2_FILES)
@@ -473,5 +502,7 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, model_max_le
     # GPT-2's convention: <|endoftext|> is bos, eos and unk at once; no prefix space, so decode(encode(s)) == s.
     config.update(bos_token=ENDOFTEXT, eos_token=ENDOFTEXT, unk_token=ENDOFTEXT, add_prefix_space=False,
                   model_max_length=model_max_length, clean_up_tokenization_spaces=False)
-    atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
-    return [*names, "tokenizer_config.json"]
+    if tokenizer.chat_template is not None:
+        config["chat_template"] = tokenizer.chat_template.source
+    atomic_write_text(directory / TOKENIZER_CONFIG, json.dumps(config, indent=2) + "\n")
+    return [*names, TOKENIZER_CONFIG]

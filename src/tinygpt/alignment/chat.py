@@ -1,8 +1,11 @@
-"""``tinygpt chat``: read a line, wrap it in the Alpaca template, stream the model's answer.
+"""``tinygpt chat``: read a line, render it with the model's chat template, stream the model's answer.
 
-Each line is one instruction on its own (the template has no turns, so there is no memory of earlier lines). The
-answer stops at the end-of-text token, at ``max_new_tokens``, or where the model starts a new template section
-(``STOP_TEXTS``: a fine-tuned model has seen those headers only in prompts, but a weak one may write them).
+The template is the checkpoint's own (``tokenizer.chat_template``: the Alpaca one for a model ``tinygpt sft``
+trained, see ``data.ALPACA_CHAT_TEMPLATE``); a model without one is refused with a ``ValueError`` before the first
+line is read. Each line is one user message on its own (SFT trained single instructions, so there is no memory of
+earlier lines). The answer stops at the end-of-text token, at ``max_new_tokens``, where the template ends a turn,
+or for the Alpaca template where the model starts a new section (``STOP_TEXTS``: a fine-tuned model has seen those
+headers only in prompts, but a weak one may write them).
 """
 
 from __future__ import annotations
@@ -11,12 +14,30 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
+from ..chat_template import ChatTemplate, end_of_turn
 from ..generation import GenerationConfig
 from ..text_stream import TextCodec, stream_text
-from .data import format_prompt
+from .data import ALPACA_CHAT_TEMPLATE
 
 EXIT_COMMAND = "/exit"
 STOP_TEXTS = ("\n### Instruction:", "\n### Input:", "\n### Response:")
+NO_TEMPLATE = ("has no chat template (no 'chat_template' in its tokenizer_config.json): it was not fine-tuned for "
+               "chat (tinygpt sft writes the template)")
+
+
+def require_chat_template(tokenizer: TextCodec, what: str, instead: str) -> ChatTemplate:
+    """``tokenizer``'s chat template, or a ``ValueError``: "{what} has no chat template ...; {instead}"."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
+        raise ValueError(f"{what} {NO_TEMPLATE}; {instead}")
+    return template
+
+
+def template_stop_texts(template: ChatTemplate) -> tuple[str, ...]:
+    """Where an answer in ``template``'s format ends, besides the end-of-text token: the template's end-of-turn
+    text, and for the Alpaca template the starts of its sections."""
+    end = end_of_turn(template)
+    return (*(STOP_TEXTS if template.source == ALPACA_CHAT_TEMPLATE else ()), *((end,) if end else ()))
 
 
 def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Callable[[str], None],
@@ -29,8 +50,11 @@ def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Ca
     before each line is read (e.g. "> " at a terminal). A line the tokenizer cannot encode is reported through
     ``report_error`` (default: written as a line) and skipped. Generation settings come from ``config`` and
     ``overrides`` (``GenerationConfig`` fields), checked before the first line is read. An answer also ends before
-    any of ``stop_texts`` (besides the prompt template's own markers).
+    any of ``stop_texts`` (besides the template's own, ``template_stop_texts``). A tokenizer without a chat template
+    is a ``ValueError``.
     """
+    template = require_chat_template(tokenizer, "the model", "use tinygpt generate for plain text")
+    stops = (*template_stop_texts(template), *stop_texts)
     config = (config or GenerationConfig()).replace(**overrides)
     report_error = report_error or (lambda message: write(f"error: {message}\n"))
     answered = 0
@@ -41,7 +65,8 @@ def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Ca
             break
         if text.strip():
             try:
-                pieces = stream_text(model, tokenizer, format_prompt(text.strip()), config, stop_texts=(*STOP_TEXTS, *stop_texts))
+                prompt = template.render([{"role": "user", "content": text.strip()}])
+                pieces = stream_text(model, tokenizer, prompt, config, stop_texts=stops)
                 for piece in pieces:
                     write(piece)
                 write("\n")

@@ -35,6 +35,27 @@ from .. import checks
 PREAMBLE = ("Below is an instruction that describes a task. "
             "Write a response that appropriately completes the request.")
 RESPONSE_HEADER = "\n\n### Response:\n"
+# The Alpaca prompt as a chat template (``tinygpt.chat_template``), the one ``tinygpt sft`` writes beside the model:
+# a user message renders exactly as ``format_prompt(content)``; a system message replaces the preamble; an earlier
+# (user, assistant) exchange renders as a whole example (prompt + response) and examples are joined by a blank
+# line, as ``serving.chat_format.render_chat`` did before templates came from the checkpoint.
+ALPACA_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system=[], started=false) -%}"
+    "{%- for message in messages if message['role'] == 'system' -%}"
+    "{%- set ns.system = ns.system + [message['content']] -%}"
+    "{%- endfor -%}"
+    "{%- set preamble = ns.system | join('\\n') if ns.system else '" + PREAMBLE + "' -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "{{- '\\n\\n' if ns.started else '' -}}"
+    "{{- preamble + '\\n\\n### Instruction:\\n' + message['content'] -}}"
+    "{%- set ns.started = true -%}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- '\\n\\n### Response:\\n' + message['content'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '\\n\\n### Response:\\n' -}}{%- endif -%}"
+)
 SFT_KEYS = ("instruction", "output")
 PREFERENCE_KEYS = ("instruction", "chosen", "rejected")
 

@@ -17,7 +17,7 @@ from torch import nn
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_example, end_of_text_id
-from .data import InstructionExample, load_instruction_data
+from .data import ALPACA_CHAT_TEMPLATE, InstructionExample, load_instruction_data
 from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
 
 
@@ -34,13 +34,15 @@ def encode_instructions(tokenizer: Tokenizer, examples: Sequence[InstructionExam
 
 
 class SFTStage(SupervisedStage):
-    """Fine-tune ``model`` on instruction examples with ``response_loss``."""
+    """Fine-tune ``model`` on instruction examples with ``response_loss``. Its checkpoints carry the Alpaca chat
+    template in their tokenizer (``tokenizer_config.json``): the format the model is taught, which ``serve`` and
+    ``chat`` read back."""
 
     name = "sft"
 
     def __init__(self, model: GPTModel, tokenizer: Tokenizer, examples: Sequence[InstructionExample], *,
                  batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
-        self.policy, self.tokenizer = model, tokenizer
+        self.policy, self.tokenizer = model, tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
         self.heads = nn.ModuleDict()
         self.pad_id = end_of_text_id(tokenizer)
         encoded = encode_instructions(tokenizer, examples, model.config.context_length, source)

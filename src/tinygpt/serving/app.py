@@ -30,7 +30,7 @@ from torch import nn
 from ..generation import GenerationConfig
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
-from .chat_format import CHAT_STOP_TEXTS, render_chat
+from .chat_format import chat_prompt
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .inspect import inspect_text
 from .protocol import (
@@ -293,13 +293,12 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
         req = parse_chat(await body_of(request))
         sampling = req.sampling
         check_model(sampling.model)
-        try:
-            prompt = render_chat(req.messages)
+        try:  # the checkpoint's chat template; none: 400 (the page offers Completion)
+            ids, template_stops = chat_prompt(tokenizer, req.messages)
         except ValueError as err:
             raise bad("messages", str(err)) from None
-        ids = encode(prompt, "messages")
         limit = fit_max_tokens(sampling.max_tokens, None, len(ids), context, req.max_tokens_param, "messages")
-        stop = tuple(sampling.stop) + tuple(s for s in CHAT_STOP_TEXTS if s not in sampling.stop)
+        stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
         choices = submit([ids], sampling, [limit], stop, req.logprobs, False)
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -351,7 +350,8 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
     def model_card() -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "tinygpt",
                 "context_length": context, "vocab_size": vocab, "n_layers": len(model.trf_blocks),
-                "n_heads": model.config.n_heads}
+                "n_heads": model.config.n_heads,
+                "has_chat_template": getattr(tokenizer, "chat_template", None) is not None}  # the page's Chat tab
 
     async def list_models(request: Request) -> Response:
         authorize(request)

@@ -1,41 +1,57 @@
-"""Chat messages -> the prompt text the SFT stage trained on (``alignment.data.format_prompt``, the Alpaca template).
+"""Chat messages -> the prompt ids of ``/v1/chat/completions``, through the model's own chat template.
 
-The template has one instruction and one response, no turns. A conversation is rendered as what the model saw in
-training, repeated: every earlier (user, assistant) exchange as a complete example (prompt + response), then the
-last user message as the prompt the model answers. System messages replace the template's preamble (the
-"Below is an instruction ..." line; the default when there is none). The answer stops where the model starts a
-new template section (``alignment.chat.STOP_TEXTS``), as in ``tinygpt chat``.
+The template comes from the checkpoint (``tokenizer.chat_template``, read from ``tokenizer_config.json``; see
+``tinygpt.chat_template``): tinygpt's SFT writes the Alpaca one (``alignment.data.ALPACA_CHAT_TEMPLATE``), a Hugging
+Face folder brings its own. A model without one has no chat format: the request is refused (400) rather than
+guessed at, and the page offers Completion instead. The conversation rules (ends with a user message, user and
+assistant alternate) are checked here, so every template gets the same clear errors. The answer stops where the
+template ends a turn (``alignment.chat.template_stop_texts``).
 """
 
 from __future__ import annotations
 
-from ..alignment.chat import STOP_TEXTS
-from ..alignment.data import PREAMBLE, RESPONSE_HEADER
+from ..alignment.chat import STOP_TEXTS, require_chat_template, template_stop_texts
+from ..alignment.data import ALPACA_CHAT_TEMPLATE
+from ..chat_template import ChatTemplate
+from ..text_stream import TextCodec
+from ..tokenizer import ENDOFTEXT, Tokenizer
 
 ROLES = ("system", "developer", "user", "assistant")
+CHAT_STOP_TEXTS: tuple[str, ...] = STOP_TEXTS  # the Alpaca template's section headers
 
 
-def render_chat(messages: list[tuple[str, str]]) -> str:
-    """(role, content) pairs, ending with a user message -> the prompt text. Roles: ``ROLES`` ("developer" is
-    OpenAI's newer name for "system"). Raises ``ValueError`` naming the message that breaks the rules."""
-    system = [content for role, content in messages if role in ("system", "developer")]
-    turns = [(i, role, content) for i, (role, content) in enumerate(messages) if role in ("user", "assistant")]
+def check_conversation(messages: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """(role, content) pairs, ending with a user message -> the template's ``messages`` ("developer", OpenAI's
+    newer name for "system", becomes "system"). Raises ``ValueError`` naming the message that breaks the rules."""
+    turns = [(i, role) for i, (role, _) in enumerate(messages) if role in ("user", "assistant")]
     if not turns or turns[-1][1] != "user":
         raise ValueError("messages must end with a user message (the one the model answers)")
-    preamble = "\n".join(system) if system else PREAMBLE
-    parts, pending = [], None
-    for i, role, content in turns:
-        if role == "user":
-            if pending is not None:
-                raise ValueError(f"messages[{i}]: two user messages in a row; an assistant reply must come between")
-            pending = content
-        else:
-            if pending is None:
-                raise ValueError(f"messages[{i}]: an assistant message must follow a user message")
-            parts.append(f"{preamble}\n\n### Instruction:\n{pending}{RESPONSE_HEADER}{content}")
-            pending = None
-    parts.append(f"{preamble}\n\n### Instruction:\n{pending}{RESPONSE_HEADER}")
-    return "\n\n".join(parts)
+    previous = "assistant"
+    for i, role in turns:
+        if role == previous == "user":
+            raise ValueError(f"messages[{i}]: two user messages in a row; an assistant reply must come between")
+        if role == previous == "assistant":
+            raise ValueError(f"messages[{i}]: an assistant message must follow a user message")
+        previous = role
+    for i, (_, content) in enumerate(messages):
+        if ENDOFTEXT in content:
+            raise ValueError(f"messages[{i}]: the content contains the special token {ENDOFTEXT!r}; remove it")
+    return [{"role": "system" if role == "developer" else role, "content": content} for role, content in messages]
 
 
-CHAT_STOP_TEXTS: tuple[str, ...] = STOP_TEXTS
+def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None) -> str:
+    """The prompt text for a conversation: ``template`` (default: the Alpaca template SFT writes) with the
+    generation prompt. Errors as ``check_conversation``'s, and the template's own as ``ValueError``."""
+    template = template or ChatTemplate(ALPACA_CHAT_TEMPLATE)
+    return template.render(check_conversation(messages), add_generation_prompt=True)
+
+
+def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
+    """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model. A ``ValueError`` says what is wrong:
+    no chat template, a conversation the rules or the template refuse, text the tokenizer cannot encode."""
+    template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
+    text = render_chat(messages, template)
+    # The template may write special tokens (eos_token, ...): they become their ids, as transformers tokenizes a
+    # rendered chat; the messages themselves may not hold one (check_conversation).
+    ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)
+    return list(ids), template_stop_texts(template)

@@ -1,0 +1,115 @@
+"""Chat templates: rendering equals transformers' apply_chat_template; the template travels with the tokenizer
+(tinygpt checkpoint, convert --to-hf, a Hugging Face folder's own); SFT writes the Alpaca one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tinygpt import GPTConfig, GPTModel, save_model
+from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE, format_prompt
+from tinygpt.chat_template import ChatTemplate, end_of_turn, read_chat_template
+from tinygpt.checkpoint import load_checkpoint_tokenizer
+from tinygpt.tokenizer import ENDOFTEXT, BPETokenizer, CharTokenizer, write_hf_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# Whitespace control by trim_blocks / lstrip_blocks, loop controls, tojson, bos/eos variables, raise_exception.
+FANCY = """{{ bos_token }}
+{% for message in messages %}
+    {% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}
+    {% if loop.first and message['role'] == 'system' %}
+[SYS] {{ message['content'] | tojson }}
+        {% continue %}
+    {% endif %}
+{{ message['role'] | upper }}: {{ message['content'] | trim }}{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}
+
+{% endfor %}
+{% if add_generation_prompt %}ASSISTANT:{% endif %}"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Name a colour."}],
+    [{"role": "system", "content": "Be brief <&>."}, {"role": "user", "content": "A?"},
+     {"role": "assistant", "content": "B."}, {"role": "user", "content": "  C?\n"}],
+    [{"role": "user", "content": "café → naïve"}, {"role": "assistant", "content": "ok"},
+     {"role": "user", "content": "again"}, {"role": "assistant", "content": "done"}],
+]
+
+TEXT = "Name a colour. Be brief. café → naïve résumé " * 8
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return BPETokenizer.train([TEXT], 300)
+
+
+@pytest.mark.parametrize("source", [ALPACA_CHAT_TEMPLATE, CHATML, FANCY], ids=["alpaca", "chatml", "fancy"])
+def test_rendering_equals_transformers_apply_chat_template(tmp_path, bpe, source):
+    transformers = pytest.importorskip("transformers")
+    ours = bpe.with_chat_template(source)
+    write_hf_tokenizer(ours, tmp_path, model_max_length=64)  # what convert --to-hf writes
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert theirs.chat_template == source
+    for messages in CONVERSATIONS:
+        for add in (True, False):
+            expected = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
+            assert ours.chat_template.render(messages, add_generation_prompt=add) == expected, (messages, add)
+
+
+def test_the_alpaca_template_renders_the_sft_prompt_exactly():
+    template = ChatTemplate(ALPACA_CHAT_TEMPLATE)
+    assert template.render([{"role": "user", "content": "Name a colour."}]) == format_prompt("Name a colour.")
+    preamble = format_prompt("x").split("\n\n")[0]
+    two = template.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A?"},
+                           {"role": "assistant", "content": "B."}, {"role": "user", "content": "C?"}])
+    assert two == (format_prompt("A?").replace(preamble, "Be brief.") + "B.\n\n"
+                   + format_prompt("C?").replace(preamble, "Be brief."))
+    assert end_of_turn(template) == ""
+    assert end_of_turn(ChatTemplate(CHATML)) == "<|im_end|>"
+
+
+def test_templates_are_sandboxed_and_their_errors_are_value_errors():
+    with pytest.raises(ValueError, match="bad role"):
+        ChatTemplate(FANCY, {"bos_token": "", "eos_token": ""}).render([{"role": "robot", "content": "x"}])
+    with pytest.raises(ValueError, match="not valid Jinja"):
+        ChatTemplate("{% for %}").render([])
+    with pytest.raises(ValueError, match="refused"):  # the sandbox: no attribute access to Python internals
+        ChatTemplate("{{ messages.__class__.__mro__ }}").render([])
+
+
+def test_a_checkpoint_keeps_its_template_and_a_save_without_one_removes_it(tmp_path, bpe):
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=bpe.vocab_size, context_length=16, emb_dim=8, n_heads=2, n_layers=1))
+    save_model(model, tmp_path / "m", bpe.with_chat_template(CHATML))
+    config = json.loads((tmp_path / "m" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config == {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT, "chat_template": CHATML}
+    loaded = load_checkpoint_tokenizer(tmp_path / "m")
+    assert loaded.chat_template == bpe.with_chat_template(CHATML).chat_template
+    assert bpe.chat_template is None  # with_chat_template copies
+    save_model(model, tmp_path / "m", bpe)
+    assert not (tmp_path / "m" / "tokenizer_config.json").exists()
+    assert load_checkpoint_tokenizer(tmp_path / "m").chat_template is None
+
+
+def test_a_char_tokenizer_template_sees_no_special_tokens(tmp_path):
+    chars = CharTokenizer("abc").with_chat_template(ALPACA_CHAT_TEMPLATE)
+    assert chars.chat_template.special_tokens == {}
+    chars.save(tmp_path)
+    assert read_chat_template(tmp_path) == chars.chat_template
+
+
+def test_read_chat_template_follows_transformers_files(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"content": "<|im_end|>", "special": True}, "pad_token": None,
+        "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": CHATML}]}))
+    assert read_chat_template(tmp_path) == ChatTemplate(CHATML, {"eos_token": "<|im_end|>"})
+    (tmp_path / "chat_template.jinja").write_text("J", encoding="utf-8")  # current transformers' own file wins
+    assert read_chat_template(tmp_path).source == "J"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": 3}))
+    (tmp_path / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="must be a string"):
+        read_chat_template(tmp_path)
