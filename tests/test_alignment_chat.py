@@ -89,6 +89,22 @@ def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_token
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == list(TAUGHT.values())
 
+    # And served: the checkpoint's own template (tokenizer_config.json, written by SFT) renders the chat.
+    import httpx
+
+    from tinygpt.interop.pretrained import load_pretrained
+    from tinygpt.serving.app import create_app
+    from tinygpt.serving.server import BackgroundServer
+
+    model, tokenizer = load_pretrained(tmp_path / "sft")
+    assert tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE
+    with BackgroundServer(create_app(model, tokenizer, model_name="sft")) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        for question, answer in TAUGHT.items():
+            out = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": question}],
+                                                          "max_tokens": 40, "temperature": 0})
+            assert out.json()["choices"][0]["message"]["content"] == answer
+
 
 def test_a_closed_pipe_ends_chat_quietly(chat_model_dir):
     lines = "".join(f"Say {i}.\n" for i in range(200))

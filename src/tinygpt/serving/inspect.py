@@ -35,7 +35,11 @@ def inspect_text(model: nn.Module, tokenizer: TextCodec, ids: list[int], *, laye
 
     ``tokens`` [T] {id, text}; ``next`` [T][top] the next-token distribution after each position; ``attention``
     [H][T][T] the weights of block ``layer`` (query row, key column; rounded to 6 decimals, exact zeros stay 0);
-    with ``logit_lens``, ``lens`` [L][T] the top token after each block."""
+    with ``logit_lens``, ``lens`` [L][T] the top token after each block (the last block's row is ``next``'s first
+    column: the model's own prediction). At most the context's tokens: the answer's size is bounded by it."""
+    context = model.config.context_length
+    if not 0 < len(ids) <= context:
+        raise ValueError(f"inspect_text takes 1 to {context} token ids (the model's context), got {len(ids)}")
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
     probs = model(idx)[0].float().softmax(-1)  # [T, V]
     weights, _ = attention_weights(model, idx, layer)  # [1, H, T, T]
