@@ -18,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-# Whitespace control by trim_blocks / lstrip_blocks, loop controls, tojson, bos/eos variables, raise_exception.
+# Whitespace control by trim_blocks / lstrip_blocks, loop controls, tojson, bos/eos variables, raise_exception,
+# transformers' {% generation %} block.
 FANCY = """{{ bos_token }}
 {% for message in messages %}
     {% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}
@@ -26,7 +27,8 @@ FANCY = """{{ bos_token }}
 [SYS] {{ message['content'] | tojson }}
         {% continue %}
     {% endif %}
-{{ message['role'] | upper }}: {{ message['content'] | trim }}{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}
+{{ message['role'] | upper }}: {% generation %}{{ message['content'] | trim }}{% endgeneration %}
+{%- if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}
 
 {% endfor %}
 {% if add_generation_prompt %}ASSISTANT:{% endif %}"""

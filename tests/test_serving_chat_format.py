@@ -65,8 +65,13 @@ def test_a_hugging_face_folder_is_served_with_its_own_template(tmp_path):
     from tinygpt.serving.app import create_app
     from tinygpt.serving.server import BackgroundServer
 
+    from tinygpt.checkpoint import load_checkpoint_tokenizer
+    from tinygpt.interop.pretrained import convert_from_hf
+
     model, tok = load_pretrained(_chatml_folder(tmp_path / "hf"))
     assert tok.chat_template.source == CHATML and tok.chat_template.special_tokens["eos_token"] == "<|im_end|>"
+    convert_from_hf(tmp_path / "hf", tmp_path / "converted")  # the template comes along into a tinygpt checkpoint
+    assert load_checkpoint_tokenizer(tmp_path / "converted").chat_template == tok.chat_template
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     prompt = tok.chat_template.render(messages)
     assert prompt.endswith("<|im_start|>assistant\n")
