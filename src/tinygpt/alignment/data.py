@@ -38,7 +38,7 @@ RESPONSE_HEADER = "\n\n### Response:\n"
 # The Alpaca prompt as a chat template (``tinygpt.chat_template``), the one ``tinygpt sft`` writes beside the model:
 # a user message renders exactly as ``format_prompt(content)``; a system message replaces the preamble; an earlier
 # (user, assistant) exchange renders as a whole example (prompt + response) and examples are joined by a blank
-# line, as ``serving.chat_format.render_chat`` did before templates came from the checkpoint.
+# line, as the server rendered conversations before templates came from the checkpoint.
 ALPACA_CHAT_TEMPLATE = (
     "{%- set ns = namespace(system=[], started=false) -%}"
     "{%- for message in messages if message['role'] == 'system' -%}"
