@@ -38,6 +38,11 @@ def test_dpo_raises_the_margin_and_keeps_the_reference(tmp_path, alignment_token
     assert after["margin"] > 0.5 and after["accuracy"] > 0.9 and after["loss"] < math.log(2)
     assert result.last_eval["train_margin"] == pytest.approx(stage._average(stage.train_items[:8])["margin"],
                                                              rel=1e-5)  # the eval's train subset: one batch
+    from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE
+    from tinygpt.checkpoint import load_checkpoint_tokenizer
+
+    # the saved model chats in the Alpaca format it was trained on, as an SFT model does
+    assert load_checkpoint_tokenizer(tmp_path / "dpo").chat_template.source == ALPACA_CHAT_TEMPLATE
     assert all(torch.equal(v, stage.reference.state_dict()[k]) for k, v in reference.items())
     assert not any(p.requires_grad for p in stage.reference.parameters())
 

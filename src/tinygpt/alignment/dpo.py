@@ -25,7 +25,7 @@ from .. import checks
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
-from .data import PreferenceExample, load_preference_data
+from .data import ALPACA_CHAT_TEMPLATE, PreferenceExample, load_preference_data
 from .logprobs import sequence_logprobs
 from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
 from .reward import EncodedPair, encode_preferences
@@ -50,7 +50,9 @@ class DPOStage(SupervisedStage):
                  reference: GPTModel | None = None, beta: float = 0.1, batch_size: int = 8, val_fraction: float = 0.1,
                  seed: int = 1337, source: str = "data") -> None:
         checks.positive_number("beta", beta)
-        self.policy, self.tokenizer, self.beta = policy, tokenizer, float(beta)
+        self.policy, self.beta = policy, float(beta)
+        # The Alpaca chat template, as SFT saves it: the prompts DPO trains on are Alpaca prompts.
+        self.tokenizer = tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
         self.heads = nn.ModuleDict()
         self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
         self.pad_id = end_of_text_id(tokenizer)
