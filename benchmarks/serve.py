@@ -142,7 +142,8 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         requests: int | None = None, max_batch: int | None = None, hf: bool | Sequence[str] = True,
         hf_continuous_batching: bool = False, workloads: Sequence[str] = ("throughput",),
         before: str | Path | None = None, rounds: int | None = None, phase_seconds: float = 120.0,
-        draft: str | None = None, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+        draft: str | None = None, device: str = "cpu", log: Callable[[str], None] = lambda line: None
+        ) -> dict[str, Any]:
     for name in workloads:
         if name not in wl.WORKLOADS:
             raise ValueError(f"workload {name!r} is not one of {', '.join(wl.WORKLOADS)}")
@@ -161,14 +162,15 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
     lo, hi = (8, 24) if quick else (16, 64)
     result: dict[str, Any] = {"quick": quick, "config": config.to_dict(), "new_tokens": new_tokens,
                               "requests_per_client": requests, "max_batch": max_batch, "clients": list(clients),
-                              "rounds": rounds, "workloads": list(workloads), "sizes": vars(sizes),
+                              "device": device, "rounds": rounds, "workloads": list(workloads), "sizes": vars(sizes),
                               "threads": torch.get_num_threads(), "rows": [], "tables": {},
                               "before": None if before_src is None else str(before_src)}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-serve-") as tmp:
         tmp_dir = Path(tmp)
         log(f"building and saving the model ({'quick' if quick else 'gpt2-small'} shape) ...")
         model, tokenizer, ours, theirs = prepare(tmp_dir, config)
-        servers = Servers(tmp_dir, ours, theirs, max_batch, log)
+        servers = Servers(tmp_dir, ours, theirs, max_batch, log, device)
+        model = model.to(device)  # the offline rows run where the servers do
         base = ["tinygpt"] + (["before"] if before_src else []) + [("hf" if m == "plain" else "hf-cb")
                                                                   for m in hf_modes]
         try:
@@ -411,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="requests per client (default 3; quick 1)")
     parser.add_argument("--max-batch", type=int, default=None, help="tinygpt's --max-batch (default: max clients)")
     parser.add_argument("--draft", metavar="MODEL", help="also serve this checkout with --draft MODEL")
+    parser.add_argument("--device", default="cpu", help="where every server and the offline rows run (default cpu)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = parser.parse_args(argv)
     for name in ("new_tokens", "requests", "max_batch", "rounds"):
@@ -426,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def compute() -> dict[str, Any]:
         return run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
                    max_batch=args.max_batch, hf=hf, workloads=args.workloads, before=args.before,
-                   rounds=args.rounds, phase_seconds=args.phase_seconds, draft=args.draft,
+                   rounds=args.rounds, phase_seconds=args.phase_seconds, draft=args.draft, device=args.device,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
 
     def report(result: dict[str, Any]) -> str:

@@ -167,8 +167,10 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class Servers:
     """The server processes of one run, started together, each with the body its requests need."""
 
-    def __init__(self, tmp_dir: Path, ours: Path, theirs: Path, max_batch: int, log: Callable[[str], None]):
+    def __init__(self, tmp_dir: Path, ours: Path, theirs: Path, max_batch: int, log: Callable[[str], None],
+                 device: str = "cpu"):
         self.tmp_dir, self.ours, self.theirs, self.max_batch, self.log = tmp_dir, ours, theirs, max_batch, log
+        self.device = device
         self.running: dict[str, ServerProcess] = {}
         self.not_available: dict[str, str] = {}
         self._help: dict[Path, str] = {}
@@ -187,7 +189,7 @@ class Servers:
         port = free_port()
         command = [sys.executable, "-m", "tinygpt", "serve", "--model", str(self.ours), "--port", str(port),
                    "--model-name", "bench", "--log-level", "warning"]
-        for flag, value in (("--max-batch", self.max_batch), ("--max-queue", 256)):
+        for flag, value in (("--max-batch", self.max_batch), ("--max-queue", 256), ("--device", self.device)):
             if flag in help_text:  # a later engine may size its batch otherwise
                 command += [flag, str(value)]
         self.running[key] = ServerProcess(LABELS[key], command + list(extra), port, self.tmp_dir, src)
@@ -196,7 +198,7 @@ class Servers:
         port = free_port()
         command = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
                    "sys.argv[0] = 'transformers'; sys.exit(main())", "serve", str(self.theirs), "--host",
-                   "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", "--log-level",
+                   "127.0.0.1", "--port", str(port), "--device", self.device, "--dtype", "float32", "--log-level",
                    "warning"] + (["--continuous-batching"] if continuous_batching else [])
         self.running[key] = ServerProcess(LABELS[key], command, port, self.tmp_dir)
 
