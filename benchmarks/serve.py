@@ -43,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -195,10 +196,11 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
             run_workloads = dict(throughput=_throughput, **{"long-arrival": _long_arrival,
                                  "shared-prefix": _shared_prefix, "conversation": _conversation,
                                  "speculative": _speculative})
+            context = _Run(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens,
+                           (lo, hi), phase_seconds, log)
             for name in workloads:
                 log(f"workload {name} ...")
-                run_workloads[name](result, servers, base, tokenizer, model, sizes, rounds, clients, requests,
-                                    new_tokens, (lo, hi), phase_seconds, log)
+                run_workloads[name](context)
         finally:
             servers.stop()
         result["not_available"] = servers.not_available
@@ -206,27 +208,28 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
     return result
 
 
-def _throughput(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens, lengths,
-                phase_seconds, log) -> None:
-    keys = servers.keys(base)
+def _throughput(run: _Run) -> None:
+    result, servers, tokenizer, clients, requests, new_tokens = (run.result, run.servers, run.tokenizer, run.clients,
+                                                                 run.requests, run.new_tokens)
+    keys = servers.keys(run.base)
     per_round: dict[tuple[str, int], list[dict[str, Any]]] = {}
     texts: dict[int, dict[str, list[str]]] = {}  # clients -> server -> the first round's answers, in order
-    prompts = make_prompts(tokenizer, max(clients) * requests * rounds, *lengths)
+    prompts = make_prompts(tokenizer, max(clients) * requests * run.rounds, *run.lengths)
     result["prompt_tokens"] = [len(tokenizer.encode(p)) for p in prompts]
-    for r in range(rounds):
+    for r in range(run.rounds):
         for c in clients:
             own = prompts[r * max(clients) * requests:]
             for key in rotated(keys, r):
                 body = servers.body(key)
                 bodies = [[body(own[k * requests + j], new_tokens) for j in range(requests)] for k in range(c)]
-                wall, records, cut = asyncio.run(load(servers.running[key].url, bodies, phase_seconds))
+                wall, records, cut = asyncio.run(load(servers.running[key].url, bodies, run.phase_seconds))
                 row = {**phase_row(LABELS[key], c, wall, records), "cut_short": cut}
                 per_round.setdefault((key, c), []).append(row)
                 if r == 0:
                     texts.setdefault(c, {})[key] = [rec["text"] for rec in records]
-                log(f"{row['impl']:<44} {c:>3} clients: {row['tokens_per_s']:.1f} tok/s")
+                run.log(f"{row['impl']:<44} {c:>3} clients: {row['tokens_per_s']:.1f} tok/s")
     result["rows"] += [median_row(rows) for rows in per_round.values()]
-    result["rows"].append(offline_row(model, tokenizer, prompts[:requests], new_tokens))
+    result["rows"].append(offline_row(run.model, tokenizer, prompts[:requests], new_tokens))
 
     # Same weights, greedy: the servers should write the same text (float rounding may rarely flip a token).
     # Compared without U+FFFD: where the last tokens end inside a UTF-8 character, tinygpt shows the replacement
@@ -241,66 +244,101 @@ def _throughput(result, servers, base, tokenizer, model, sizes, rounds, clients,
     result["same_text_before"] = {c: same(t["tinygpt"], t["before"]) for c, t in texts.items() if "before" in t}
 
 
-def _long_arrival(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens, lengths,
-                  phase_seconds, log) -> None:
-    keys, measured = servers.keys(base), {}
-    for r in range(rounds):
-        streams = _texts(tokenizer, sizes.long_streams, 24, 1000 + 10 * r)
-        long_prompt = _texts(tokenizer, 1, sizes.long_prompt, 2000 + r)[0]
-        for key in rotated(keys, r):
-            m = asyncio.run(wl.long_arrival(servers.running[key].url, servers.body(key), streams, long_prompt, sizes))
-            measured.setdefault(key, []).append({"impl": LABELS[key], **m})
-            log(f"{LABELS[key]:<44} longest gap {m['longest_gap_ms'] or 0:.0f} ms, step {m['step_ms'] or 0:.0f} ms")
-    result["tables"]["long-arrival"] = [median_row(rows) for rows in measured.values()]
+@dataclass
+class _Run:
+    """What every workload runner reads: the servers, the model and its tokenizer, the sizes and settings."""
 
+    result: dict[str, Any]
+    servers: Servers
+    base: list[str]
+    tokenizer: Any
+    model: GPTModel
+    sizes: wl.Sizes
+    rounds: int
+    clients: Sequence[int]
+    requests: int
+    new_tokens: int
+    lengths: tuple[int, int]
+    phase_seconds: float
+    log: Callable[[str], None]
 
-def _shared_prefix(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens, lengths,
-                   phase_seconds, log) -> None:
-    keys, measured = servers.keys(base[:1] + ["no-prefix"] + base[1:]), {}
-    for r in range(rounds):
-        for key in rotated(keys, r):
-            # a fresh system prompt per server and round: nothing cached from an earlier measurement helps
-            offset = 3000 + 100 * r + 10 * keys.index(key)
-            system = _texts(tokenizer, 1, sizes.prefix_tokens, offset)[0] + "\n"
-            users = _texts(tokenizer, sizes.prefix_clients + 1, sizes.prefix_user_tokens, offset + 5000)
-            m = asyncio.run(wl.shared_prefix(servers.running[key].url, servers.body(key), system, users, sizes))
-            measured.setdefault(key, []).append({"impl": LABELS[key], **m})
-            log(f"{LABELS[key]:<44} shared-prefix TTFT p50 {m['ttft_p50_ms']:.0f} ms")
-    result["tables"]["shared-prefix"] = [median_row(rows) for rows in measured.values()]
-
-
-def _conversation(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens, lengths,
-                  phase_seconds, log) -> None:
-    keys, measured = servers.keys(base[:1] + ["no-prefix"] + base[1:]), {}
-    for r in range(rounds):
-        for key in rotated(keys, r):
-            offset = 20_000 + 100 * r + 10 * keys.index(key)
-            messages = _texts(tokenizer, sizes.chats * sizes.turns, sizes.turn_user_tokens, offset)
-            chats = [messages[i * sizes.turns:(i + 1) * sizes.turns] for i in range(sizes.chats)]
-            m = asyncio.run(wl.conversation(servers.running[key].url, servers.body(key), chats, sizes))
-            measured.setdefault(key, []).append({"impl": LABELS[key], **m})
-            log(f"{LABELS[key]:<44} turn {sizes.turns}/turn 1 TTFT {m['last_over_first']:.2f}x")
-    result["tables"]["conversation"] = [median_row(rows) for rows in measured.values()]
-
-
-def _speculative(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens, lengths,
-                 phase_seconds, log) -> None:
-    tasks = {"copy": wl.COPY_PROMPT, "prose": _texts(tokenizer, 1, 200, 40_000)[0]}
-    keys, measured = servers.keys(["spec-off", "spec-lookup", "spec-draft"]), {}
-    context = model.config.context_length
-    for task, prompt in tasks.items():
-        ids = tokenizer.encode(prompt)[-(context - sizes.speculative_new_tokens):]  # fits the quick context too
-        prompt = tokenizer.decode(ids)
-        for r in range(rounds):
+    def interleaved(self, keys: list[str], measure: Callable[[str, int], dict[str, Any]], say: Callable[[dict], str],
+                    **labels: Any) -> list[dict[str, Any]]:
+        """``measure(server key, round)`` on every server, ``rounds`` times, the order rotated every round; one
+        median row per server (``labels`` added to each)."""
+        measured: dict[str, list[dict[str, Any]]] = {}
+        for r in range(self.rounds):
             for key in rotated(keys, r):
-                m = asyncio.run(wl.one_stream(servers.running[key].url, servers.body(key), prompt, sizes))
-                m.pop("text")
-                measured.setdefault((task, key), []).append({"task": task, "impl": LABELS[key], **m})
-        for mode, m in wl.offline_speculative(model, ids, sizes.speculative_new_tokens, rounds).items():
-            measured[(task, f"offline-{mode}")] = [{"task": task, "impl": f"offline speculative_generate {mode}",
-                                                    **m}]
-        log(f"speculative {task}: done")
-    result["tables"]["speculative"] = [median_row(rows) for rows in measured.values()]
+                m = measure(key, r)
+                measured.setdefault(key, []).append({**labels, "impl": LABELS[key], **m})
+                self.log(f"{LABELS[key]:<44} {say(m)}")
+        return [median_row(rows) for rows in measured.values()]
+
+    def with_no_prefix(self) -> list[str]:
+        return self.servers.keys(self.base[:1] + ["no-prefix"] + self.base[1:])
+
+
+def _long_arrival(run: _Run) -> None:
+    sizes, tok = run.sizes, run.tokenizer
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        streams = _texts(tok, sizes.long_streams, 24, 1000 + 10 * r)
+        long_prompt = _texts(tok, 1, sizes.long_prompt, 2000 + r)[0]
+        server = run.servers.running[key]
+        return asyncio.run(wl.long_arrival(server.url, run.servers.body(key), streams, long_prompt, sizes))
+
+    run.result["tables"]["long-arrival"] = run.interleaved(
+        run.servers.keys(run.base), measure,
+        lambda m: f"longest gap {m['longest_gap_ms'] or 0:.0f} ms, step {m['step_ms'] or 0:.0f} ms")
+
+
+def _shared_prefix(run: _Run) -> None:
+    sizes, tok, keys = run.sizes, run.tokenizer, run.with_no_prefix()
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        # a fresh system prompt per server and round: nothing cached from an earlier measurement helps
+        offset = 3000 + 100 * r + 10 * keys.index(key)
+        system = _texts(tok, 1, sizes.prefix_tokens, offset)[0] + "\n"
+        users = _texts(tok, sizes.prefix_clients + 1, sizes.prefix_user_tokens, offset + 5000)
+        return asyncio.run(wl.shared_prefix(run.servers.running[key].url, run.servers.body(key), system, users,
+                                            sizes))
+
+    run.result["tables"]["shared-prefix"] = run.interleaved(
+        keys, measure, lambda m: f"shared-prefix TTFT p50 {m['ttft_p50_ms']:.0f} ms")
+
+
+def _conversation(run: _Run) -> None:
+    sizes, tok, keys = run.sizes, run.tokenizer, run.with_no_prefix()
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        offset = 20_000 + 100 * r + 10 * keys.index(key)
+        messages = _texts(tok, sizes.chats * sizes.turns, sizes.turn_user_tokens, offset)
+        chats = [messages[i * sizes.turns:(i + 1) * sizes.turns] for i in range(sizes.chats)]
+        return asyncio.run(wl.conversation(run.servers.running[key].url, run.servers.body(key), chats, sizes))
+
+    run.result["tables"]["conversation"] = run.interleaved(
+        keys, measure, lambda m: f"turn {sizes.turns}/turn 1 TTFT {m['last_over_first']:.2f}x")
+
+
+def _speculative(run: _Run) -> None:
+    sizes, tok = run.sizes, run.tokenizer
+    tasks = {"copy": wl.COPY_PROMPT, "prose": _texts(tok, 1, 200, 40_000)[0]}
+    keys = run.servers.keys(["spec-off", "spec-lookup", "spec-draft"])
+    rows = []
+    for task, prompt in tasks.items():
+        ids = tok.encode(prompt)[-(run.model.config.context_length - sizes.speculative_new_tokens):]  # quick: fits
+        prompt = tok.decode(ids)
+
+        def measure(key: str, r: int) -> dict[str, Any]:
+            m = asyncio.run(wl.one_stream(run.servers.running[key].url, run.servers.body(key), prompt, sizes))
+            m.pop("text")
+            return m
+
+        rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
+        for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
+            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m, "rounds": run.rounds})
+        run.log(f"speculative {task}: done")
+    run.result["tables"]["speculative"] = rows
 
 
 def _ratios(result: dict[str, Any]) -> None:
