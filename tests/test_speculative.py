@@ -43,6 +43,20 @@ def test_lookup_against_a_brute_force_search():
         assert propose_lookup(tokens, k, n_max) == expected
 
 
+def test_lookup_index_proposes_what_the_scan_does_as_a_row_grows():
+    rng = random.Random(1)
+    for _ in range(60):
+        n_max, tokens = rng.randint(1, 4), []
+        index = speculative.LookupIndex(n_max)
+        for _ in range(rng.randint(1, 10)):
+            tokens += [rng.randrange(3) for _ in range(rng.randint(0, 5))]
+            index.update(tokens)
+            for k in (1, 4):
+                assert index.propose(k) == propose_lookup(tokens, k, n_max), (tokens, k)
+    with pytest.raises(ValueError, match="only grow"):
+        index.update([7] * (len(tokens) + 1))
+
+
 def test_lookup_bad_arguments():
     with pytest.raises(ValueError, match="k=0"):
         propose_lookup([1, 2], 0)
