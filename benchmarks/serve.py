@@ -336,7 +336,8 @@ def _speculative(run: _Run) -> None:
 
         rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
         for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
-            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m, "rounds": run.rounds})
+            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m,
+                         "rounds": max(run.rounds, 3)})
         run.log(f"speculative {task}: done")
     run.result["tables"]["speculative"] = rows
 
