@@ -145,6 +145,9 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         before: str | Path | None = None, rounds: int | None = None, phase_seconds: float = 120.0,
         draft: str | None = None, device: str = "cpu", log: Callable[[str], None] = lambda line: None
         ) -> dict[str, Any]:
+    """Start the servers, run ``workloads`` (see the module docstring) and return every row, table and ratio.
+    ``hf``: True (one HF server: plain, or continuous batching with ``hf_continuous_batching``), False, or modes
+    from ``HF_MODES``."""
     for name in workloads:
         if name not in wl.WORKLOADS:
             raise ValueError(f"workload {name!r} is not one of {', '.join(wl.WORKLOADS)}")
