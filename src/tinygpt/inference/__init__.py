@@ -1,0 +1,1 @@
+"""The inference engine: one KV cache, batch descriptions, scheduling, speculative decoding."""
