@@ -180,7 +180,8 @@ def test_unknown_model_is_404_and_a_wrong_key_401(client, model):
 
 def test_raw_http_errors_are_openai_json_never_a_traceback(http):
     cases = [
-        (http.post("/v1/completions", content=b"{not json"), 400, "not valid JSON"),
+        (http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}), 400,
+         "not valid JSON"),
         (http.post("/v1/completions", json=[1, 2]), 400, "JSON object"),
         (http.post("/v1/completions", json={"max_tokens": 3}), 400, "prompt: is required"),
         (http.post("/v1/chat/completions", json={"messages": []}), 400, "messages"),
