@@ -294,19 +294,23 @@ async def detokenize(request: Request) -> Response:
 
 
 async def inspect(request: Request) -> Response:
-    """Admitted through the queue (``ServerState.inspect``); its size is bounded by the token limit below."""
+    """Admitted through the queue before any work (``ServerState.inspect_place``); its size is bounded by the token
+    limit below."""
     state = _state(request)
-    req = parse_inspect(await _body(request))
-    ids = await asyncio.to_thread(state.encode, req.text, "text")
-    limit = min(state.context, MAX_INSPECT_TOKENS)
-    if len(ids) > limit:
-        raise bad("text", f"has {len(ids)} tokens; the Inspect view takes at most {limit}")
-    if req.layer >= state.n_layers:
-        raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
-                           f"{req.layer}")
-    result = await state.inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
-                                                      top=req.top, logit_lens=req.logit_lens))
-    return Response(await asyncio.to_thread(lambda: json.dumps(result).encode()), media_type="application/json")
+    state.authorize(request)
+    async with state.inspect_place():
+        req = parse_inspect(await _body(request))
+        ids = await asyncio.to_thread(state.encode, req.text, "text")
+        limit = min(state.context, MAX_INSPECT_TOKENS)
+        if len(ids) > limit:
+            raise bad("text", f"has {len(ids)} tokens; the Inspect view takes at most {limit}")
+        if req.layer >= state.n_layers:
+            raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
+                               f"{req.layer}")
+        result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
+                                                              top=req.top, logit_lens=req.logit_lens))
+        body = await asyncio.to_thread(lambda: json.dumps(result).encode())
+    return Response(body, media_type="application/json")
 
 
 def _page() -> str:

@@ -5,12 +5,14 @@ What uvicorn's own settings give is used (``serving.options`` names them); what 
 
 - a header timeout: uvicorn times out only idle keep-alive connections, so one that never finishes its request
   head held a descriptor forever. ``_Protocol`` answers 408 and closes it after ``header_timeout`` seconds.
-- a connection limit at accept: uvicorn's ``limit_concurrency`` answers 503 only once a request head has arrived;
-  ``_Protocol`` also answers 503 and closes a connection past ``max_connections`` as soon as it is accepted, so
-  half-open connections cannot use up the file descriptors.
+- a connection limit at accept: uvicorn's ``limit_concurrency`` answers 503 only once a request head has arrived,
+  so half-open connections could still use up the file descriptors. Past ``max_connections``, ``_Protocol`` closes
+  the connection that has waited longest for a request head (408) to make room for the new one, and answers 503
+  only when every connection is being served: a flood of half-open connections evicts its own, and ``/health``
+  still gets through.
 - running out of file descriptors anyway (another process, a limit set below ``max_connections``): asyncio logs
-  every failed ``accept`` with a traceback; ``_quiet_accept_errors`` logs it once until a connection is accepted
-  again.
+  every failed ``accept`` (once a second) with a traceback; ``_AcceptErrors`` logs it once, then at most once a
+  minute.
 - shutdown on SIGTERM / SIGINT: stop accepting, let the in-flight requests finish for up to ``shutdown_timeout``
   seconds, then end every request still open with an error (a stream gets an error event and ``[DONE]``, so its
   body stays well-formed), then the app's lifespan stops the engine. A second signal exits at once (code 128 +
@@ -54,18 +56,31 @@ class _Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        _AcceptErrors.accepted()
         options: ServeOptions = self.config.tinygpt_options  # type: ignore[attr-defined]
         self._header_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) > options.max_connections:
+        self._idle_since: float | None = self.loop.time()  # waiting for a request head since (None: serving one)
+        if len(self.connections) > options.max_connections and not self._evict_idle():
             transport.write(_plain_response(503, "Service Unavailable", f"too many connections (more than "
                                             f"{options.max_connections}, --max-connections); retry later"))
             transport.close()
             return
         self._arm_header_timer()
 
+    def _evict_idle(self) -> bool:
+        """Make room by closing the connection that has waited longest for a request head (a half-open one, or an
+        idle keep-alive one), never one being served: a flood of half-open connections only evicts its own."""
+        idle = [c for c in self.connections if c is not self and getattr(c, "_idle_since", None) is not None]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._idle_since)
+        oldest._close_idle(f"closed to make room for a new connection (--max-connections "
+                           f"{self.config.tinygpt_options.max_connections})")  # type: ignore[attr-defined]
+        self.connections.discard(oldest)
+        return True
+
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
+        self._idle_since = self.loop.time()
         timeout = self.config.tinygpt_options.header_timeout  # type: ignore[attr-defined]
         self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
 
@@ -76,18 +91,25 @@ class _Protocol(H11Protocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+        if self.transport.is_closing() or self._idle_since is None:
             return  # a request is being served: the body timeout (serving.edge) is the app's
         timeout = self.config.tinygpt_options.header_timeout  # type: ignore[attr-defined]
-        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
-            self.transport.write(_plain_response(408, "Request Timeout", f"the request head did not arrive within "
-                                                 f"{timeout:g} s (--header-timeout)"))
-        self.transport.close()
+        self._close_idle(f"the request head did not arrive within {timeout:g} s (--header-timeout)")
+
+    def _close_idle(self, message: str) -> None:
+        """408 (when nothing of a request has come yet, or part of its head) and close."""
+        self._cancel_header_timer()
+        self._idle_since = None
+        if not self.transport.is_closing():
+            if self.conn.our_state is h11.IDLE:
+                self.transport.write(_plain_response(408, "Request Timeout", message))
+            self.transport.close()
 
     def handle_events(self) -> None:
         super().handle_events()
         if self.cycle is not None and not self.cycle.response_complete:
             self._cancel_header_timer()  # a request head arrived
+            self._idle_since = None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -96,29 +118,32 @@ class _Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._idle_since = None
         super().connection_lost(exc)
 
 
 class _AcceptErrors:
-    """asyncio's "socket.accept() out of system resource" logged once until the next accepted connection."""
+    """asyncio's "socket.accept() out of system resource" (one a second while it lasts, each with a traceback)
+    logged once, then at most once every ``INTERVAL`` seconds with the count of the ones not shown."""
 
-    quiet = False
-
-    @classmethod
-    def accepted(cls) -> None:
-        cls.quiet = False
+    INTERVAL = 60.0
+    last: float | None = None
+    hidden = 0
 
     @classmethod
     def handler(cls, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") != "socket.accept() out of system resource":
             loop.default_exception_handler(context)
             return
-        if not cls.quiet:
-            cls.quiet = True
-            err = context.get("exception")
-            logger.error("cannot accept connections: %s (out of file descriptors?); new connections wait until "
-                         "some close. Raise `ulimit -n` or lower --max-connections (logged once until a connection "
-                         "is accepted again)", err)
+        now = time.monotonic()
+        if cls.last is not None and now - cls.last < cls.INTERVAL:
+            cls.hidden += 1
+            return
+        more = f"; {cls.hidden} more since the last message" if cls.hidden else ""
+        cls.last, cls.hidden = now, 0
+        logger.error("cannot accept connections: %s (out of file descriptors?); new connections wait until some "
+                     "close. Raise `ulimit -n` or lower --max-connections (logged at most once a minute%s)",
+                     context.get("exception"), more)
 
 
 class _Server(uvicorn.Server):

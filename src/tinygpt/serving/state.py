@@ -9,6 +9,7 @@ end each of them with an error (``abort_all``) instead of cutting its body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from typing import Any, AsyncIterator, Callable
@@ -245,34 +246,38 @@ class ServerState:
             gather.cancel()
             self.release(choices)
 
-    async def inspect(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (an Inspect computation) on the engine's thread. It takes a place in the queue while it waits
-        (429 once the waiting rows and inspections fill ``--max-queue``) and runs alone, between two decode steps,
-        so that a stream waits for at most one inspection."""
-        engine = self.running_engine()
-        waiting = engine.load()["waiting"]
+    @contextlib.asynccontextmanager
+    async def inspect_place(self) -> AsyncIterator[None]:
+        """A place in the queue for one /inspect, taken before its body is even parsed: 429 once the waiting rows
+        and inspections fill ``--max-queue`` (at least one inspection may always wait)."""
+        waiting = self.running_engine().load()["waiting"]
         if self.inspect_pending >= max(1, self.options.max_queue - waiting):
             raise busy(f"{self.inspect_pending} /inspect request(s) and {waiting} row(s) waiting, "
                        f"--max-queue {self.options.max_queue}")
         self.inspect_pending += 1
         try:
-            async with self.inspect_turn:
-                loop = asyncio.get_running_loop()
-                future: asyncio.Future[Any] = loop.create_future()
-
-                def done(result: Any, error: BaseException | None) -> None:
-                    def settle() -> None:
-                        if not future.done():
-                            future.set_exception(error) if error is not None else future.set_result(result)
-                    loop.call_soon_threadsafe(settle)
-
-                try:
-                    self.running_engine().call(fn, done)
-                except EngineStopped as err:
-                    raise APIError(503, str(err)) from None
-                return await future
+            yield
         finally:
             self.inspect_pending -= 1
+
+    async def run_inspect(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (an Inspect computation) on the engine's thread, alone, between two decode steps, so that a
+        stream waits for at most one inspection at a time."""
+        async with self.inspect_turn:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[Any] = loop.create_future()
+
+            def done(result: Any, error: BaseException | None) -> None:
+                def settle() -> None:
+                    if not future.done():
+                        future.set_exception(error) if error is not None else future.set_result(result)
+                loop.call_soon_threadsafe(settle)
+
+            try:
+                self.running_engine().call(fn, done)
+            except EngineStopped as err:
+                raise APIError(503, str(err)) from None
+            return await future
 
 
 async def _disconnected(request: Request) -> None:
