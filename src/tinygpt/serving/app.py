@@ -65,16 +65,20 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def _stream(state: ServerState, choices: Choices, chunks: AsyncIterator[str]) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:  # the stream ended or the client went away: free the rows
-            state.release(choices)
+class _EventStream(StreamingResponse):
+    """Server-Sent Events whose rows are freed however the response ends: finished, failed, or the client gone
+    (even before the first event, when the body's generator never started and so never ran its ``finally``)."""
 
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, state: ServerState, choices: Choices, chunks: AsyncIterator[str]) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.tinygpt, self.choices = state, choices
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.tinygpt.release(self.choices)
 
 
 def _gone() -> Response:
@@ -153,7 +157,7 @@ async def completions(request: Request) -> Response:
                                 "choices": [], "usage": _usage(n_prompt, completion_tokens)})
             yield _sse("[DONE]")
 
-        return _stream(state, choices, chunks())
+        return _EventStream(state, choices, chunks())
 
     answer = await state.answer(request, choices)
     if answer is None:
@@ -222,7 +226,7 @@ async def chat_completions(request: Request) -> Response:
                                 "model": state.model_name, "choices": [], "usage": _usage(len(ids), completion_tokens)})
             yield _sse("[DONE]")
 
-        return _stream(state, choices, chunks())
+        return _EventStream(state, choices, chunks())
 
     answer = await state.answer(request, choices)
     if answer is None:
