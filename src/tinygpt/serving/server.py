@@ -59,6 +59,7 @@ class _Protocol(H11Protocol):
         options: ServeOptions = self.config.tinygpt_options  # type: ignore[attr-defined]
         self._header_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = self.loop.time()  # waiting for a request head since (None: serving one)
+        self._answered = False  # a response went out: an idle keep-alive connection is closed without a word
         if len(self.connections) > options.max_connections and not self._evict_idle():
             transport.write(_plain_response(503, "Service Unavailable", f"too many connections (more than "
                                             f"{options.max_connections}, --max-connections); retry later"))
@@ -69,7 +70,7 @@ class _Protocol(H11Protocol):
     def _evict_idle(self) -> bool:
         """Make room by closing the connection that has waited longest for a request head (a half-open one, or an
         idle keep-alive one), never one being served: a flood of half-open connections only evicts its own."""
-        idle = [c for c in self.connections if c is not self and getattr(c, "_idle_since", None) is not None]
+        idle = [c for c in self.connections if c is not self and isinstance(c, _Protocol) and c._waiting_for_head()]
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c._idle_since)
@@ -77,6 +78,11 @@ class _Protocol(H11Protocol):
                            f"{self.config.tinygpt_options.max_connections})")  # type: ignore[attr-defined]
         self.connections.discard(oldest)
         return True
+
+    def _waiting_for_head(self) -> bool:
+        """No request is being served: the connection is new, idle after a response, or part-way through a head."""
+        serving = self.cycle is not None and not self.cycle.response_complete
+        return not serving and self._idle_since is not None and not self.transport.is_closing()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -91,17 +97,18 @@ class _Protocol(H11Protocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing() or self._idle_since is None:
+        if not self._waiting_for_head():
             return  # a request is being served: the body timeout (serving.edge) is the app's
         timeout = self.config.tinygpt_options.header_timeout  # type: ignore[attr-defined]
         self._close_idle(f"the request head did not arrive within {timeout:g} s (--header-timeout)")
 
     def _close_idle(self, message: str) -> None:
-        """408 (when nothing of a request has come yet, or part of its head) and close."""
+        """408 and close (a keep-alive connection that was answered before is closed without one, as uvicorn's
+        keep-alive timeout does: a client could take the 408 for the answer to its next request)."""
         self._cancel_header_timer()
         self._idle_since = None
         if not self.transport.is_closing():
-            if self.conn.our_state is h11.IDLE:
+            if self.conn.our_state is h11.IDLE and not self._answered:
                 self.transport.write(_plain_response(408, "Request Timeout", message))
             self.transport.close()
 
@@ -112,8 +119,9 @@ class _Protocol(H11Protocol):
             self._idle_since = None
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+        self._answered = True
+        super().on_response_complete()  # may start a pipelined request already
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._arm_header_timer()  # the next request's head gets the same time
 
     def connection_lost(self, exc: Exception | None) -> None:
