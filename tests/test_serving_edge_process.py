@@ -1,5 +1,5 @@
 """The server's edge as a real process: a second SIGTERM exits at once; with the file-descriptor limit at 1024,
-1,000 half-open connections leave ``/health`` answering, and running out of descriptors is logged once."""
+1,100 half-open connections leave ``/health`` answering, and running out of descriptors is logged once."""
 
 from __future__ import annotations
 
@@ -113,11 +113,11 @@ def test_a_second_sigterm_exits_at_once():
 
 @pytest.mark.slow
 def test_a_thousand_half_open_connections_leave_health_answering():
-    _enough_descriptors(1000)
+    _enough_descriptors(1100)
     process, url = _start(fd_limit=1024, header_timeout=60)
     socks = []
     try:
-        socks = _half_open(url, 1000)
+        socks = _half_open(url, 1100)  # more than the server's descriptors: before, it stopped accepting
         response = httpx.get(url + "/health", timeout=1)
         assert response.json()["status"] == "ok"
     finally:
@@ -133,7 +133,7 @@ def test_running_out_of_file_descriptors_is_logged_once():
     process, url = _start(fd_limit=256, max_connections=4000, header_timeout=60)  # the limit beyond the descriptors
     socks = []
     try:
-        socks = _half_open(url, 400)
+        socks = _half_open(url, 300)  # beyond the 256 descriptors, within what the listen backlog holds
         time.sleep(3)  # asyncio retries accept() every second
         for s in socks:
             s.close()

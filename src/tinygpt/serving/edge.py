@@ -45,7 +45,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def host_name(host: str) -> str:
-    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``, ``localhost:8000`` -> ``localhost``."""
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
     if host.startswith("["):
         return host[1:host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -18,7 +18,10 @@ from ..checks import option
 
 API_KEY_ENV = "TINYGPT_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-FD_RESERVE = 64  # descriptors kept for everything but client connections (model files, logs, the engine)
+# Descriptors kept for everything but client connections (model files, logs) and for an accept burst: asyncio
+# accepts up to the listen backlog (``serving.server.ACCEPT_BACKLOG`` = 64) at once, before a connection past the
+# limit can be closed, so the limit keeps three bursts' worth free.
+FD_RESERVE = 256
 
 
 def default_max_connections() -> int:
@@ -70,7 +73,7 @@ class ServeOptions:
     max_header_bytes: int = option(16384, "largest request head (request line + headers); beyond, 400 (uvicorn's "
                                           "h11_max_incomplete_event_size)")
     max_connections: int | None = option(None, "open connections at most; beyond, 503 and closed",
-                                         default_help="ulimit -n minus 64, at most 4096")
+                                         default_help="ulimit -n minus 256, at most 4096")
     shutdown_timeout: float = option(10.0, "on SIGTERM/SIGINT, seconds the in-flight requests get to finish; then "
                                            "every stream ends with an error event and [DONE]; a second signal "
                                            "exits at once")

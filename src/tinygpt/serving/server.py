@@ -41,6 +41,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .options import ServeOptions
 
 logger = logging.getLogger("uvicorn.error")
+ACCEPT_BACKLOG = 64  # the listen backlog, which is also how many connections asyncio accepts in one go
 ABORT_GRACE_SECONDS = 2.0  # after the shutdown timeout: time for the aborted streams to send their last events
 
 
@@ -182,11 +183,12 @@ class _Server(uvicorn.Server):
 
 
 def _server(app: Any, options: ServeOptions) -> _Server:
+    # limit_concurrency one above max_connections: _Protocol has made room (or refused) by the time a head arrives.
     config = uvicorn.Config(
         app, log_level=options.log_level, lifespan="on", http=_Protocol,
         timeout_graceful_shutdown=int(options.shutdown_timeout + ABORT_GRACE_SECONDS + 0.999),
-        timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.max_connections + 1,  # _Protocol refuses beyond
-        h11_max_incomplete_event_size=options.max_header_bytes)
+        timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.max_connections + 1,
+        h11_max_incomplete_event_size=options.max_header_bytes, backlog=ACCEPT_BACKLOG)
     config.tinygpt_options = options  # type: ignore[attr-defined]  # read by _Protocol
     state = getattr(getattr(app, "state", None), "tinygpt", None)
     return _Server(config, options.shutdown_timeout, None if state is None else state.abort_all)
