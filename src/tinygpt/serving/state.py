@@ -116,7 +116,8 @@ class ServerState:
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
-        self._key = None if options.api_key is None else options.api_key.encode("utf-8")
+        # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
+        self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
 
     # ------------------------------------------------------------------------------------------ lifespan
     def start(self) -> None:
