@@ -52,7 +52,7 @@ def live_server(model: GPTModel, **options: Any) -> Iterator[Any]:
 
 
 def engine_of(server: Any) -> Any:
-    return server.app.state.engines["engine"]
+    return server.app.state.tinygpt.engine
 
 
 class Collector:

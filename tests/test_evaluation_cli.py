@@ -79,6 +79,13 @@ def test_unknown_task_name(eval_model_dirs, capsys):
     assert "unknown task 'no_such_task'" in line and "tinygpt_lastword" in line
 
 
+@pytest.mark.slow  # lm-eval indexes its thousands of task files first
+def test_a_task_whose_data_cannot_be_downloaded_is_a_one_line_error(eval_model_dirs, capsys):
+    pytest.importorskip("lm_eval")
+    line = _one_line_error(capsys, "--model", str(eval_model_dirs[0]), "--tasks", "hellaswag", "--limit", "2")
+    assert "--tasks hellaswag: cannot download the task's data" in line and "tinygpt_choice" in line
+
+
 def test_task_file_that_does_not_parse(eval_model_dirs, tmp_path, capsys):
     pytest.importorskip("lm_eval")
     (tmp_path / "broken.yaml").write_text("task: broken\ndoc_to_text: [unclosed\n", encoding="utf-8")

@@ -1,5 +1,6 @@
 """Load: 16 concurrent streaming clients get exactly their offline greedy answers; a burst beyond --max-queue gets
-429 + Retry-After and no crash; memory stays bounded over 200 requests."""
+429 + Retry-After and no crash; memory stays bounded over 200 requests; 100 concurrent /inspect leave two running
+streams flowing. (1,000 half-open connections: test_serving_edge_process.py, which needs its own process.)"""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import concurrent.futures
 import gc
 import json
 import random
+import threading
+import time
 
 import httpx
 import psutil
+import pytest
 
 from serving_support import engine_of, live_server, offline, tiny_model, tokenizer, wait_until
 
@@ -98,3 +102,62 @@ def test_memory_stays_bounded_over_200_requests(one_thread):
     # some freed memory, but not grow with the requests.
     assert objects_after - objects_before < 200, f"{objects_after - objects_before} more objects after 200 requests"
     assert rss_after - rss_before < 48 * 2 ** 20, f"RSS grew by {(rss_after - rss_before) / 2 ** 20:.1f} MiB"
+
+
+def _timed_stream(client: httpx.Client, url: str, prompt: str, max_tokens: int, times: list[float]) -> None:
+    """A streaming client that records when each event arrived (``time.monotonic``)."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                times.append(time.monotonic())
+
+
+@pytest.mark.slow
+def test_a_hundred_concurrent_inspects_with_two_streams_running(one_thread):
+    """Issue 23's load: 100 concurrent /inspect of a whole context while two streams run. The queue answers 429 past
+    --max-queue, RSS stays bounded, and a stream waits for at most one inspection at a time (its longest gap is a
+    part of the burst, not all of it)."""
+    model = tiny_model(context_length=256)
+    hook = model.register_forward_pre_hook(lambda module, args: time.sleep(0.005))  # the streams outlast the burst
+    text = tokenizer().decode(tokenizer().encode(_prompt(1) * 40)[:250])
+    process = psutil.Process()
+    peak = [0]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.01)
+
+    try:
+        # One client for all (a client per request would build 100 SSL contexts in this process, the server's).
+        with live_server(model, max_batch=4, max_queue=8) as server, \
+                concurrent.futures.ThreadPoolExecutor(104) as pool, \
+                httpx.Client(timeout=300, limits=httpx.Limits(max_connections=110)) as client:
+            inspect = {"text": text, "layer": 1, "top": 20, "logit_lens": True}
+            client.post(server.url + "/inspect", json=inspect).raise_for_status()  # warm-up
+            gc.collect()
+            rss_before = process.memory_info().rss
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            gaps: list[list[float]] = [[], []]
+            streams = [pool.submit(_timed_stream, client, server.url, _prompt(i), 200, gaps[i]) for i in range(2)]
+            wait_until(lambda: all(len(g) >= 2 for g in gaps), message="both streams to run")
+            start = time.monotonic()
+            burst = [pool.submit(client.post, server.url + "/inspect", json=inspect) for _ in range(100)]
+            statuses = [f.result(timeout=300).status_code for f in burst]
+            burst_seconds = time.monotonic() - start
+            for s in streams:
+                s.result(timeout=300)
+            sampling.set()
+            sampler.join()
+    finally:
+        hook.remove()
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
+    longest = max(b - a for g in gaps for a, b in zip(g, g[1:]) if start <= b <= start + burst_seconds)
+    # Before, the engine ran every queued inspection between two steps: the gap was the whole burst.
+    assert longest < burst_seconds / 2, (longest, burst_seconds, statuses.count(200))
+    grew = (peak[0] - rss_before) / 2 ** 20
+    assert grew < 200, f"RSS grew by {grew:.0f} MiB during the burst"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from tinygpt.generation import GenerationConfig
 from tinygpt.serving.protocol import (
     APIError, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect, parse_json,
     parse_tokenize,
@@ -116,3 +119,44 @@ def test_json_tokenize_detokenize_inspect():
         parse_inspect({"text": ""})
     with pytest.raises(APIError, match="top"):
         parse_inspect({"text": "x", "top": 0})
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b'{"prompt": "a", "temperature": NaN}', "NaN is not a JSON number"),
+    (b'{"prompt": "a", "top_p": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"a": ' * 33 + b'1' + b'}' * 33, "nested more than 32 levels"),
+    (b'{"seed": ' + b"1" * 21 + b'}', "21 digits"),
+    (b'{"prompt": ["\\\\ud800"]}', None),  # an escaped backslash, then text: no surrogate
+])
+def test_json_limits(raw, words):
+    if words is None:
+        assert parse_json(raw) == {"prompt": ["\\ud800"]}
+        return
+    with pytest.raises(APIError, match=words):
+        parse_json(raw)
+
+
+def test_a_lone_surrogate_is_named_by_its_field():
+    with pytest.raises(APIError) as err:
+        parse_json(b'{"messages": [{"role": "user", "content": "\\ud800"}]}')
+    assert err.value.message.startswith("messages[0].content: contains the lone surrogate '\\ud800'")
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("temperature", 1e-6, "0 (greedy) or a number in [1e-05, 100000]"),
+    ("top_p", 1e-9, "in [1e-08, 1]"),
+    ("repetition_penalty", 1e7, "in [1e-06, 1e+06]"),
+    ("seed", 2 ** 63, "signed 64-bit integer"),
+])
+def test_sampling_ranges_are_generations(field, value, words):
+    with pytest.raises(APIError) as err:
+        parse_completion({"prompt": "a", field: value})
+    assert err.value.param == field and words in err.value.message
+    with pytest.raises(ValueError, match=re.escape(words)):
+        GenerationConfig(**{field: value})
+
+
+def test_stop_strings_are_limited_in_number_and_length():
+    assert parse_completion({"prompt": "a", "stop": ["x" * 128] * 4}).sampling.stop == ["x" * 128] * 4
+    with pytest.raises(APIError, match="at most 128 characters, got 129"):
+        parse_completion({"prompt": "a", "stop": ["x" * 129]})

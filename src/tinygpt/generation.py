@@ -34,6 +34,28 @@ from .sampling import next_tokens
 
 OVERFLOW_POLICIES = ("slide", "shift", "error")
 
+# The sampling ranges where float32 (and bf16) arithmetic stays meaningful: a logit is scaled by at most
+# 1e6 (penalty) x 1e5 (1 / temperature), so any logit below 1e27 stays finite; top_p stays a normal float32 (below
+# ~1e-38 it is subnormal, below ~1e-45 it rounds to 0 and the nucleus would be empty). Outside them a row's
+# probabilities can become NaN (temperature 1e-300, top_p 1e-46, penalty 1e-300 did). The seed is what
+# ``torch.Generator.manual_seed`` takes and what OpenAI's API calls a seed: a signed 64-bit integer.
+TEMPERATURE_RANGE = (1e-5, 1e5)  # or exactly 0: greedy
+TOP_P_RANGE = (1e-8, 1.0)
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
+SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)
+
+
+def check_sampling(temperature: float, top_p: float, repetition_penalty: float, seed: int | None) -> None:
+    """The sampling settings' ranges (the constants above), shared by ``GenerationConfig``, the CLI and the
+    server's requests; an ``OptionError`` names the first setting out of range."""
+    low, high = TEMPERATURE_RANGE
+    if not (checks.is_number(temperature) and (temperature == 0 or low <= temperature <= high)):
+        raise checks.OptionError("temperature", temperature, f"must be 0 (greedy) or a number in [{low:g}, {high:g}]")
+    checks.number_in_range("top_p", top_p, *TOP_P_RANGE, note="(1 means no nucleus filter)")
+    checks.number_in_range("repetition_penalty", repetition_penalty, *REPETITION_PENALTY_RANGE, note="(1 means none)")
+    if seed is not None and not (checks.is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise checks.OptionError("seed", seed, "must be a signed 64-bit integer: in [-2**63, 2**63 - 1] (or unset)")
+
 
 @torch.no_grad()
 def generate_greedy(
@@ -89,11 +111,8 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         checks.non_negative_int("max_new_tokens", self.max_new_tokens)
-        checks.non_negative_number("temperature", self.temperature, note="(0 means greedy)")
+        check_sampling(self.temperature, self.top_p, self.repetition_penalty, self.seed)
         checks.positive_int("top_k", self.top_k, optional=True, note="(unset: no top-k filter)")
-        checks.number_in_range("top_p", self.top_p, 0, 1, low_open=True, note="(1 means no nucleus filter)")
-        checks.positive_number("repetition_penalty", self.repetition_penalty, note="(1 means none)")
-        checks.int_in_range("seed", self.seed, None, None, optional=True)
         checks.non_negative_int("eos_id", self.eos_id, optional=True, note="(a token id)")
         checks.non_negative_int("pad_id", self.pad_id, note="(a token id)")
         if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):

@@ -132,10 +132,15 @@ def _tasks(args, model, tokenizer, tasks) -> dict:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notes would drown the figures
     lm = TinyGPTLM(model=model, tokenizer=tokenizer, batch_size=args.batch_size, progress=args.progress)
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints progress notes; stdout is the report's
-        results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit,
-                                          num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=0,
-                                          verbosity="ERROR")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints progress notes; stdout is the report's
+            results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit,
+                                              num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=0,
+                                              verbosity="ERROR")
+    except ConnectionError as err:  # datasets: "Couldn't reach 'Rowan/hellaswag' on the Hub (...)"
+        raise CommandError(f"--tasks {','.join(map(str, names))}: cannot download the task's data: {err}; lm-eval's "
+                           f"tasks need the network once (then the datasets cache), or use a task of "
+                           f"tinygpt's own (tinygpt_choice, tinygpt_lastword)") from None
     out = {}
     for name, metrics in results["results"].items():
         figures = {}

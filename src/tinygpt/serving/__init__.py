@@ -1,10 +1,15 @@
 """Serving: an OpenAI-compatible HTTP server with continuous batching, and a page to chat with and look inside.
 
+- ``options``: the server's settings (``ServeOptions``, the flags of ``tinygpt serve``).
 - ``protocol``: request bodies checked into dataclasses; OpenAI-style errors.
 - ``engine``: the batching scheduler (its own thread runs the model).
 - ``chat_format``: chat messages -> the SFT template's prompt.
 - ``inspect``: tokens, next-token probabilities, attention weights and the logit lens for the page.
-- ``app``: the ASGI app (Starlette) tying them together; ``server``: running it with uvicorn.
+- ``state``: the one state object behind the handlers (model, engine, requests in flight).
+- ``edge``: middleware that refuses before a handler runs (Host, content type, body size and time).
+- ``app``: one handler per endpoint and the routes; ``server``: running it with uvicorn (header timeout,
+  connection limit, shutdown).
 
-Needs the ``serve`` extra (``pip install 'tinygpt[serve]'``: starlette + uvicorn); ``tinygpt serve`` is the command.
+Needs the ``serve`` extra (``pip install -e '.[serve]'`` in a checkout: starlette + uvicorn); ``tinygpt serve`` is
+the command.
 """

@@ -1,459 +1,386 @@
 """The ASGI app (Starlette): OpenAI's completions and chat endpoints, tokenize/detokenize, Inspect, and the page.
 
-Handlers only translate: a body is checked by ``protocol``, its prompts are tokenized, one ``EngineRequest`` per
-choice goes to the ``BatchEngine`` (whose thread runs the model), and the engine's events come back through an
-``asyncio.Queue`` as one JSON answer or as Server-Sent Events (``data: {chunk}`` ... ``data: [DONE]``, what the
-official ``openai`` client parses). A streaming client that goes away cancels its rows; the engine drops them
-before its next step.
+One handler per endpoint, at module level (as vLLM's API server has them); the app is the list of routes over one
+``ServerState`` (``request.app.state.tinygpt``) behind the edge's middleware (``serving.edge``). Handlers only
+translate: a body is checked by ``protocol``, its prompts are tokenized (off the event loop), one ``EngineRequest``
+per choice goes to the ``BatchEngine`` (whose thread runs the model), and the engine's events come back as one
+JSON answer or as Server-Sent Events (``data: {chunk}`` ... ``data: [DONE]``, what the official ``openai`` client
+parses). A client that goes away, streaming or not, cancels its rows; the engine drops them before its next step.
+A stream that ends in an error (a failed row, a shutdown) sends the error object as its last event, then
+``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import sys
 import time
 import traceback
 import uuid
 from importlib import resources
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from torch import nn
 
-from ..generation import GenerationConfig
 from ..text_stream import TextCodec
-from ..tokenizer import Tokenizer
 from .chat_format import chat_prompt
-from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .edge import BodyGuard, HostGuard
+from .engine import Finish, PromptLogprobs, Step, TokenInfo
 from .inspect import inspect_text
+from .options import ServeOptions
 from .protocol import (
-    MAX_INSPECT_TOKENS, APIError, Sampling, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize,
-    parse_inspect, parse_json, parse_tokenize,
+    MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
+    parse_json, parse_tokenize,
 )
+from .state import Choices, ServerState, finish_error
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-RETRY_AFTER_SECONDS = 1
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.tinygpt
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The authorized request's JSON body, parsed and checked off the event loop (a large body takes a while)."""
+    _state(request).authorize(request)
+    return await asyncio.to_thread(parse_json, await request.body())
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-Sent Events whose rows are freed however the response ends: finished, failed, or the client gone
+    (even before the first event, when the body's generator never started and so never ran its ``finally``)."""
+
+    def __init__(self, state: ServerState, choices: Choices, chunks: AsyncIterator[str]) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.tinygpt, self.choices = state, choices
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.tinygpt.release(self.choices)
+
+
+def _gone() -> Response:
+    return Response(status_code=499)  # nobody reads it: the client disconnected (nginx's code for that)
+
+
+# ------------------------------------------------------------------------------------------ /v1/completions
+def _completion_logprobs(state: ServerState, tokens: list[TokenInfo], offset: int) -> dict[str, Any]:
+    texts = [state.token_text(t.id) for t in tokens]
+    offsets, at = [], offset
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": texts,
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [None if t.logprob is None else {state.token_text(i): lp for i, lp in t.top} for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+async def completions(request: Request) -> Response:
+    state = _state(request)
+    req = parse_completion(await _body(request))
+    sampling = req.sampling
+    state.check_model(sampling.model)
+
+    def tokenize() -> list[list[int]]:
+        return [state.encode(p, "prompt") if isinstance(p, str) else state.check_ids(p, "prompt")
+                for p in req.prompts]
+
+    prompts = await asyncio.to_thread(tokenize)
+    limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), state.context)
+              for ids in prompts]
+    prompt_texts = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in req.prompts]
+    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs,
+                           req.echo and req.logprobs is not None)
+    rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
+    n_prompt = sum(len(ids) for ids in prompts)
+
+    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+        return {"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    if sampling.stream:
+        async def chunks() -> AsyncIterator[str]:
+            offsets = [0] * len(choices.requests)
+            if req.echo and req.logprobs is None:
+                for index in range(len(choices.requests)):
+                    yield _sse(chunk(index, prompt_texts[index // n]))
+                    offsets[index] = len(prompt_texts[index // n])
+            completion_tokens = 0
+            async for index, event in choices.events():
+                if isinstance(event, PromptLogprobs):
+                    text = prompt_texts[index // n]
+                    yield _sse(chunk(index, text, _completion_logprobs(state, event.tokens, 0)))
+                    offsets[index] = len(text)
+                elif isinstance(event, Step):
+                    logprobs = None
+                    if req.logprobs is not None:
+                        logprobs = _completion_logprobs(state, [event.token], offsets[index])
+                    elif not event.text:
+                        continue
+                    yield _sse(chunk(index, event.text, logprobs))
+                    offsets[index] += len(event.text)
+                else:
+                    error = finish_error(event)
+                    if error is not None:
+                        yield _sse(error.body())
+                        break
+                    completion_tokens += event.completion_tokens
+                    yield _sse(chunk(index, event.text, None, event.reason))
+            else:
+                if sampling.include_usage:
+                    yield _sse({"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+                                "choices": [], "usage": _usage(n_prompt, completion_tokens)})
+            yield _sse("[DONE]")
+
+        return _EventStream(state, choices, chunks())
+
+    answer = await state.answer(request, choices)
+    if answer is None:
+        return _gone()
+    texts, tokens, reasons, completion_tokens = answer
+    out = []
+    for index, text in enumerate(texts):
+        prefix = prompt_texts[index // n] if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = _completion_logprobs(state, tokens[index], 0)
+        out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
+    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+                         "choices": out, "usage": _usage(n_prompt, completion_tokens)})
+
+
+# ------------------------------------------------------------------------------------- /v1/chat/completions
+def _chat_logprob(state: ServerState, t: TokenInfo) -> dict[str, Any]:
+    return {"token": state.token_text(t.id), "logprob": t.logprob, "bytes": list(state.token_bytes(t.id)),
+            "top_logprobs": [{"token": state.token_text(i), "logprob": lp, "bytes": list(state.token_bytes(i))}
+                             for i, lp in t.top]}
+
+
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    req = parse_chat(await _body(request))
+    sampling = req.sampling
+    state.check_model(sampling.model)
+    try:  # the checkpoint's chat template; none: 400 (the page offers Completion). Off the loop: a long text.
+        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages)
+    except ValueError as err:
+        raise bad("messages", str(err)) from None
+    limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
+    stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
+    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False)
+    rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": state.model_name,
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+    if sampling.stream:
+        async def chunks() -> AsyncIterator[str]:
+            for index in range(sampling.n):
+                yield _sse(chunk(index, {"role": "assistant", "content": ""}))
+            completion_tokens = 0
+            async for index, event in choices.events():
+                if isinstance(event, Step):
+                    if not event.text and req.logprobs is None:
+                        continue
+                    logprobs = None if req.logprobs is None else {"content": [_chat_logprob(state, event.token)]}
+                    yield _sse(chunk(index, {"content": event.text}, logprobs))
+                elif isinstance(event, Finish):
+                    error = finish_error(event)
+                    if error is not None:
+                        yield _sse(error.body())
+                        break
+                    completion_tokens += event.completion_tokens
+                    if event.text:
+                        yield _sse(chunk(index, {"content": event.text}))
+                    yield _sse(chunk(index, {}, None, event.reason))
+            else:
+                if sampling.include_usage:
+                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now,
+                                "model": state.model_name, "choices": [], "usage": _usage(len(ids), completion_tokens)})
+            yield _sse("[DONE]")
+
+        return _EventStream(state, choices, chunks())
+
+    answer = await state.answer(request, choices)
+    if answer is None:
+        return _gone()
+    texts, tokens, reasons, completion_tokens = answer
+    out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+            "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t) for t in tokens[i]]},
+            "finish_reason": reasons[i]} for i in range(sampling.n)]
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": state.model_name,
+                         "choices": out, "usage": _usage(len(ids), completion_tokens)})
+
+
+# ------------------------------------------------------------------------------------------ the rest
+async def health(request: Request) -> Response:
+    state = _state(request)
+    load = state.engine.load() if state.engine is not None else {"running": 0, "waiting": 0}
+    return JSONResponse({"status": "ok" if state.engine is not None else "stopped", "model": state.model_name,
+                         **load, "max_batch": state.options.max_batch, "max_queue": state.options.max_queue})
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "tinygpt",
+            "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
+            "n_heads": state.model.config.n_heads,
+            "has_chat_template": getattr(state.tokenizer, "chat_template", None) is not None}  # the page's Chat tab
+
+
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    state.authorize(request)
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(request: Request) -> Response:
+    state = _state(request)
+    state.authorize(request)
+    state.check_model(request.path_params["name"])
+    return JSONResponse(_model_card(state))
+
+
+async def tokenize(request: Request) -> Response:
+    state = _state(request)
+    name, text = parse_tokenize(await _body(request))
+    state.check_model(name)
+
+    def answer() -> bytes:  # tokenizing and the answer's JSON both grow with the text: off the event loop
+        ids = state.encode(text, "prompt", special=True) if text else []
+        return json.dumps({"tokens": ids, "count": len(ids), "max_model_len": state.context,
+                           "pieces": [state.token_text(t) for t in ids]}).encode()
+
+    return Response(await asyncio.to_thread(answer), media_type="application/json")
+
+
+async def tokenizer_info(request: Request) -> Response:
+    """What a client-side tokenizer needs to know (lm-eval's ``tokenizer_backend=remote`` reads it): the end-of-text
+    token as text (``/tokenize`` maps that text back to its id), no BOS or padding token."""
+    state = _state(request)
+    state.authorize(request)
+    eos = None if state.eos_id is None else state.tokenizer.decode([state.eos_id])
+    return JSONResponse({"eos_token": eos, "bos_token": None, "pad_token": None, "eos_token_id": state.eos_id,
+                         "vocab_size": state.vocab, "max_model_len": state.context})
+
+
+async def detokenize(request: Request) -> Response:
+    state = _state(request)
+    name, ids = parse_detokenize(await _body(request))
+    state.check_model(name)
+    state.check_ids(ids, "tokens")
+    return JSONResponse({"prompt": await asyncio.to_thread(state.tokenizer.decode, ids)})
+
+
+async def inspect(request: Request) -> Response:
+    """Admitted through the queue before any work (``ServerState.inspect_place``); its size is bounded by the token
+    limit below."""
+    state = _state(request)
+    state.authorize(request)
+    async with state.inspect_place():
+        req = parse_inspect(await _body(request))
+        ids = await asyncio.to_thread(state.encode, req.text, "text")
+        limit = min(state.context, MAX_INSPECT_TOKENS)
+        if len(ids) > limit:
+            raise bad("text", f"has {len(ids)} tokens; the Inspect view takes at most {limit}")
+        if req.layer >= state.n_layers:
+            raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
+                               f"{req.layer}")
+        result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
+                                                              top=req.top, logit_lens=req.logit_lens))
+        body = await asyncio.to_thread(lambda: json.dumps(result).encode())
+    return Response(body, media_type="application/json")
 
 
 def _page() -> str:
     return resources.files("tinygpt.serving").joinpath("static", "index.html").read_text(encoding="utf-8")
 
 
-class _Choices:
-    """The events of one request's rows (its choices), gathered on the event loop."""
-
-    def __init__(self, count: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self.requests: list[EngineRequest] = []
-        self.open = count
-
-    def sink(self, index: int) -> Callable[[Any], None]:
-        return lambda event: self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-
-    async def events(self) -> AsyncIterator[tuple[int, Any]]:
-        while self.open:
-            index, event = await self.queue.get()
-            if isinstance(event, Finish):
-                self.open -= 1
-            yield index, event
-
-    def cancel(self) -> None:
-        for req in self.requests:
-            req.cancel()
-
-    async def gather(self) -> tuple[list[str], list[list[TokenInfo]], list[str], int]:
-        """Every choice's whole answer: (texts, tokens with the prompt's first when asked, finish reasons, the
-        completion tokens of all); a cancelled or failed row raises its ``APIError``; the rows are freed."""
-        count = len(self.requests)
-        texts, tokens, reasons, completion_tokens = [""] * count, [[] for _ in range(count)], [""] * count, 0
-        try:
-            async for index, event in self.events():
-                if isinstance(event, PromptLogprobs):
-                    tokens[index] = event.tokens + tokens[index]
-                elif isinstance(event, Step):
-                    texts[index] += event.text
-                    tokens[index].append(event.token)
-                else:
-                    error = _finish_error(event)
-                    if error is not None:
-                        raise error
-                    texts[index] += event.text
-                    reasons[index] = event.reason
-                    completion_tokens += event.completion_tokens
-        finally:
-            self.cancel()
-        return texts, tokens, reasons, completion_tokens
+async def page(request: Request) -> Response:
+    return HTMLResponse(_page())
 
 
-def _finish_error(event: Finish) -> APIError | None:
-    if event.reason == "cancelled":
-        return APIError(503, f"the request was cancelled: {event.message or 'the server is shutting down'}",
-                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    if event.reason == "error":
-        return APIError(500, f"generation failed: {event.message}")
-    return None
+# ------------------------------------------------------------------------------------------ errors
+async def api_error(request: Request, exc: Exception) -> Response:
+    error = exc if isinstance(exc, APIError) else APIError(500, str(exc))
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tinygpt", max_batch: int = 8,
-               max_queue: int = 64, api_key: str | None = None, dtype: str = "auto") -> Starlette:
-    """The server for one model. ``max_batch`` rows decode together, ``max_queue`` more may wait (beyond that a
-    request gets 429 with Retry-After); with ``api_key`` every endpoint but ``/`` and ``/health`` needs
-    ``Authorization: Bearer <api_key>``; ``dtype`` means what every command's ``--dtype`` means (``tinygpt.devices``).
-    The engine thread starts with the app's lifespan and stops with it."""
-    context = model.config.context_length
-    vocab = model.config.vocab_size
-    eos_id = getattr(tokenizer, "eot_id", None)
-    created = int(time.time())
-    state: dict[str, BatchEngine] = {}
+async def http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    error = APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
+                     code="not_found" if status == 404 else None)
+    return JSONResponse(error.body(), status_code=status, headers=getattr(exc, "headers", None))
 
-    def engine() -> BatchEngine:
-        if "engine" not in state:
-            raise APIError(503, "the server is not running (starting or shutting down)")
-        return state["engine"]
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send the header Authorization: Bearer <key>",
-                           type="authentication_error", code="invalid_api_key")
+async def server_error(request: Request, exc: Exception) -> Response:
+    traceback.print_exception(exc, file=sys.stderr)  # the log has it; the client gets one line
+    error = APIError(500, f"internal server error ({type(exc).__name__})")
+    return JSONResponse(error.body(), status_code=500)
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server has {model_name!r}",
-                           param="model", code="model_not_found")
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        authorize(request)
-        return parse_json(await request.body())
+ROUTES = [
+    Route("/", page, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{name:path}", get_model, methods=["GET"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
+    Route("/inspect", inspect, methods=["POST"]),
+]
 
-    def encode(text: str, param: str) -> list[int]:
-        try:
-            ids = list(tokenizer.encode(text))
-        except ValueError as err:
-            raise bad(param, f"cannot be tokenized: {err}") from None
-        if not ids:
-            raise bad(param, "is empty: at least one token is needed")
-        return ids
 
-    def check_ids(ids: list[int], param: str) -> list[int]:
-        for t in ids:
-            if not 0 <= t < vocab:
-                raise bad(param, f"token id {t} is out of range: ids must satisfy 0 <= id < {vocab}")
-        return ids
-
-    def token_bytes(token: int) -> bytes:
-        get = getattr(tokenizer, "token_bytes", None)
-        return get(token) if get is not None else tokenizer.decode([token]).encode("utf-8")
-
-    def token_text(token: int) -> str:
-        """A token as logprobs show it: its text, or for part of a UTF-8 character OpenAI's "bytes:\\xNN" form
-        (so that distinct tokens never share a key in ``top_logprobs``)."""
-        text = tokenizer.decode([token])
-        if "\ufffd" in text:
-            return "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes(token))
-        return text
-
-    def submit(prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
-               logprobs: int | None, prompt_logprobs: bool) -> _Choices:
-        choices = _Choices(len(prompts) * sampling.n)
-        for p, ids in enumerate(prompts):
-            for j in range(sampling.n):
-                seed = None if sampling.seed is None else sampling.seed + j  # n seeded choices differ
-                config = GenerationConfig(
-                    max_new_tokens=limits[p], temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, repetition_penalty=sampling.repetition_penalty, seed=seed, eos_id=eos_id,
-                    overflow="error")
-                choices.requests.append(EngineRequest(
-                    ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs))
-        if len(choices.requests) > max_batch + max_queue:
-            raise bad("n", f"{len(prompts)} prompt(s) x n={sampling.n} = {len(choices.requests)} rows; this server "
-                           f"takes at most {max_batch + max_queue} at once (--max-batch + --max-queue)")
-        try:
-            engine().submit(choices.requests)
-        except QueueFull as err:
-            raise APIError(429, f"the server is busy: {err}; retry later", type="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        except EngineStopped as err:
-            raise APIError(503, str(err), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        return choices
-
-    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
-
-    def sse(data: dict[str, Any] | str) -> str:
-        return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-    def stream_response(choices: _Choices, chunks: AsyncIterator[str]) -> StreamingResponse:
-        async def body() -> AsyncIterator[str]:
-            try:
-                async for chunk in chunks:
-                    yield chunk
-            finally:  # the client went away (or the stream ended): free the rows
-                choices.cancel()
-
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    # ------------------------------------------------------------------------------------ /v1/completions
-    def completion_logprobs(tokens: list[TokenInfo], offset: int) -> dict[str, Any]:
-        texts = [token_text(t.id) for t in tokens]
-        offsets, at = [], offset
-        for text in texts:
-            offsets.append(at)
-            at += len(text)
-        return {
-            "tokens": texts,
-            "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [None if t.logprob is None else {token_text(i): lp for i, lp in t.top} for t in tokens],
-            "text_offset": offsets,
-        }
-
-    async def completions(request: Request) -> Response:
-        req = parse_completion(await body_of(request))
-        sampling = req.sampling
-        check_model(sampling.model)
-        prompts = [encode(p, "prompt") if isinstance(p, str) else check_ids(p, "prompt") for p in req.prompts]
-        limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), context)
-                  for ids in prompts]
-        prompt_texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts]
-        choices = submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, req.echo and req.logprobs
-                         is not None)
-        rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
-        n_prompt = sum(len(ids) for ids in prompts)
-
-        def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
-            return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                    "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
-
-        if sampling.stream:
-            async def chunks() -> AsyncIterator[str]:
-                offsets = [0] * len(choices.requests)
-                if req.echo and req.logprobs is None:
-                    for index in range(len(choices.requests)):
-                        yield sse(chunk(index, prompt_texts[index // n]))
-                        offsets[index] = len(prompt_texts[index // n])
-                completion_tokens = 0
-                async for index, event in choices.events():
-                    if isinstance(event, PromptLogprobs):
-                        text = prompt_texts[index // n]
-                        yield sse(chunk(index, text, completion_logprobs(event.tokens, 0)))
-                        offsets[index] = len(text)
-                    elif isinstance(event, Step):
-                        logprobs = None
-                        if req.logprobs is not None:
-                            logprobs = completion_logprobs([event.token], offsets[index])
-                        elif not event.text:
-                            continue
-                        yield sse(chunk(index, event.text, logprobs))
-                        offsets[index] += len(event.text)
-                    else:
-                        error = _finish_error(event)
-                        if error is not None:
-                            yield sse(error.body())
-                            return
-                        completion_tokens += event.completion_tokens
-                        yield sse(chunk(index, event.text, None, event.reason))
-                if sampling.include_usage:
-                    yield sse({"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                               "choices": [], "usage": usage(n_prompt, completion_tokens)})
-                yield sse("[DONE]")
-
-            return stream_response(choices, chunks())
-
-        texts, tokens, reasons, completion_tokens = await choices.gather()
-        out = []
-        for index, text in enumerate(texts):
-            prefix = prompt_texts[index // n] if req.echo else ""
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = completion_logprobs(tokens[index], 0)
-            out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
-        return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": model_name,
-                             "choices": out, "usage": usage(n_prompt, completion_tokens)})
-
-    # ------------------------------------------------------------------------------- /v1/chat/completions
-    def chat_logprob(t: TokenInfo) -> dict[str, Any]:
-        return {"token": token_text(t.id), "logprob": t.logprob, "bytes": list(token_bytes(t.id)),
-                "top_logprobs": [{"token": token_text(i), "logprob": lp, "bytes": list(token_bytes(i))}
-                                 for i, lp in t.top]}
-
-    async def chat_completions(request: Request) -> Response:
-        req = parse_chat(await body_of(request))
-        sampling = req.sampling
-        check_model(sampling.model)
-        try:  # the checkpoint's chat template; none: 400 (the page offers Completion)
-            ids, template_stops = chat_prompt(tokenizer, req.messages)
-        except ValueError as err:
-            raise bad("messages", str(err)) from None
-        limit = fit_max_tokens(sampling.max_tokens, None, len(ids), context, req.max_tokens_param, "messages")
-        stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
-        choices = submit([ids], sampling, [limit], stop, req.logprobs, False)
-        rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-        def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None
-                  ) -> dict[str, Any]:
-            return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
-                    "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-
-        if sampling.stream:
-            async def chunks() -> AsyncIterator[str]:
-                for index in range(sampling.n):
-                    yield sse(chunk(index, {"role": "assistant", "content": ""}))
-                completion_tokens = 0
-                async for index, event in choices.events():
-                    if isinstance(event, Step):
-                        if not event.text and req.logprobs is None:
-                            continue
-                        logprobs = None if req.logprobs is None else {"content": [chat_logprob(event.token)]}
-                        yield sse(chunk(index, {"content": event.text}, logprobs))
-                    elif isinstance(event, Finish):
-                        error = _finish_error(event)
-                        if error is not None:
-                            yield sse(error.body())
-                            return
-                        completion_tokens += event.completion_tokens
-                        if event.text:
-                            yield sse(chunk(index, {"content": event.text}))
-                        yield sse(chunk(index, {}, None, event.reason))
-                if sampling.include_usage:
-                    yield sse({"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
-                               "choices": [], "usage": usage(len(ids), completion_tokens)})
-                yield sse("[DONE]")
-
-            return stream_response(choices, chunks())
-
-        texts, tokens, reasons, completion_tokens = await choices.gather()
-        out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                "logprobs": None if req.logprobs is None else {"content": [chat_logprob(t) for t in tokens[i]]},
-                "finish_reason": reasons[i]} for i in range(sampling.n)]
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": model_name,
-                             "choices": out, "usage": usage(len(ids), completion_tokens)})
-
-    # ------------------------------------------------------------------------------------- the rest
-    async def health(request: Request) -> Response:
-        load = state["engine"].load() if "engine" in state else {"running": 0, "waiting": 0}
-        return JSONResponse({"status": "ok" if "engine" in state else "stopped", "model": model_name, **load,
-                             "max_batch": max_batch, "max_queue": max_queue})
-
-    def model_card() -> dict[str, Any]:
-        return {"id": model_name, "object": "model", "created": created, "owned_by": "tinygpt",
-                "context_length": context, "vocab_size": vocab, "n_layers": len(model.trf_blocks),
-                "n_heads": model.config.n_heads,
-                "has_chat_template": getattr(tokenizer, "chat_template", None) is not None}  # the page's Chat tab
-
-    async def list_models(request: Request) -> Response:
-        authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card()]})
-
-    async def get_model(request: Request) -> Response:
-        authorize(request)
-        check_model(request.path_params["name"])
-        return JSONResponse(model_card())
-
-    async def tokenize(request: Request) -> Response:
-        name, text = parse_tokenize(await body_of(request))
-        check_model(name)
-        try:
-            # The end-of-text text becomes its id here, as HF tokenizers and vLLM's /tokenize parse special tokens.
-            ids = list(tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer)
-                       else tokenizer.encode(text))
-        except ValueError as err:
-            raise bad("prompt", f"cannot be tokenized: {err}") from None
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": context,
-                             "pieces": [token_text(t) for t in ids]})
-
-    async def tokenizer_info(request: Request) -> Response:
-        """What a client-side tokenizer needs to know (lm-eval's ``tokenizer_backend=remote`` reads it): the
-        end-of-text token as text (``/tokenize`` maps that text back to its id), no BOS or padding token."""
-        authorize(request)
-        eos = None if eos_id is None else tokenizer.decode([eos_id])
-        return JSONResponse({"eos_token": eos, "bos_token": None, "pad_token": None, "eos_token_id": eos_id,
-                             "vocab_size": vocab, "max_model_len": context})
-
-    async def detokenize(request: Request) -> Response:
-        name, ids = parse_detokenize(await body_of(request))
-        check_model(name)
-        check_ids(ids, "tokens")
-        return JSONResponse({"prompt": tokenizer.decode(ids)})
-
-    async def inspect(request: Request) -> Response:
-        req = parse_inspect(await body_of(request))
-        ids = encode(req.text, "text")
-        limit = min(context, MAX_INSPECT_TOKENS)
-        if len(ids) > limit:
-            raise bad("text", f"has {len(ids)} tokens; the Inspect view takes at most {limit}")
-        n_layers = len(model.trf_blocks)
-        if req.layer >= n_layers:
-            raise bad("layer", f"must be in [0, {n_layers - 1}] (the model has {n_layers} blocks), got {req.layer}")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def done(result: Any, error: BaseException | None) -> None:
-            def settle() -> None:
-                if not future.done():
-                    future.set_exception(error) if error is not None else future.set_result(result)
-            loop.call_soon_threadsafe(settle)
-
-        try:
-            engine().call(lambda: inspect_text(model, tokenizer, ids, layer=req.layer, top=req.top,
-                                               logit_lens=req.logit_lens), done)
-        except EngineStopped as err:
-            raise APIError(503, str(err)) from None
-        return JSONResponse(await future)
-
-    async def page(request: Request) -> Response:
-        return HTMLResponse(_page())
-
-    # ------------------------------------------------------------------------------------ errors
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        error = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                         code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        traceback.print_exception(exc, file=sys.stderr)  # the log has it; the client gets one line
-        error = APIError(500, f"internal server error ({type(exc).__name__})")
-        return JSONResponse(error.body(), status_code=500)
+def create_app(model: nn.Module, tokenizer: TextCodec, options: ServeOptions | None = None, *, dtype: str = "auto",
+               **settings: Any) -> Starlette:
+    """The server for one model: ``ROUTES`` over one ``ServerState``. ``options`` (or ``settings``, its fields:
+    ``max_batch``, ``max_queue``, ``api_key``, ...) as ``tinygpt serve``'s flags; ``dtype`` means what every
+    command's ``--dtype`` means (``tinygpt.devices``). The engine thread starts with the app's lifespan and stops
+    with it; ``app.state.tinygpt`` is the state."""
+    options = options if options is not None else ServeOptions(**settings)
+    state = ServerState(model, tokenizer, options, dtype)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state["engine"] = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue,
-                                      dtype=dtype)
+        state.start()
         try:
             yield
         finally:
-            state.pop("engine").shutdown()
+            state.stop()
 
-    routes = [
-        Route("/", page, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{name:path}", get_model, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
-        Route("/inspect", inspect, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = [Middleware(HostGuard, options=options)] if options.loopback_only else []
+    if options.cors_origin:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=options.cors_origin, allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"]))
+    middleware.append(Middleware(BodyGuard, options=options))
+    app = Starlette(routes=ROUTES, lifespan=lifespan, middleware=middleware,
                     exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error})
-    app.state.engines = state
+    app.state.tinygpt = state
     return app

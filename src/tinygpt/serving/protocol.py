@@ -14,9 +14,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks import OptionError
+from ..generation import SEED_RANGE, check_sampling
+
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 128  # per stop sequence: each is searched for in every row's text at every step
 MAX_LOGPROBS = 20  # top alternatives per token
 MAX_N = 16  # choices per prompt
+MAX_JSON_DEPTH = 32  # the deepest body the API has is 5 levels (messages[i].content[j].text)
+MAX_INT_DIGITS = 20  # a 64-bit integer has at most 20 digits (a seed, a token id)
 
 
 class APIError(Exception):
@@ -37,14 +43,62 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param)
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object."""
+class _BadNumber(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _BadNumber(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are allowed)")
+    return int(text)
+
+
+def _parse_constant(text: str) -> float:
+    raise _BadNumber(f"{text} is not a JSON number")
+
+
+def _check_tree(body: Any) -> None:
+    """Every value at most ``MAX_JSON_DEPTH`` levels deep, every string (keys too) encodable as UTF-8 (JSON's
+    ``\ud800`` escapes can spell a lone surrogate, which no tokenizer or answer can carry)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, str):
+            _check_text(value, path or "the request body")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, f"the field name {path + '.' if path else ''}{ascii(key)}")
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _check_text(text: str, where: str) -> None:
     try:
-        body = json.loads(raw)
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad_char = ascii(text[err.start])
+        raise APIError(400, f"{where}: contains the lone surrogate {bad_char}, which is not a character; send "
+                            f"UTF-8 text (a pair of surrogate escapes must form one character)",
+                       param=where if " " not in where else None) from None
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object: valid JSON, at most ``MAX_JSON_DEPTH`` deep, integers of at most
+    ``MAX_INT_DIGITS`` digits, no NaN/Infinity, no lone surrogates. Anything else is a 400."""
+    try:
+        body = json.loads(raw, parse_int=_parse_int, parse_constant=_parse_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(400, f"the request body is not valid JSON ({err})") from None
+    except _BadNumber as err:
+        raise APIError(400, f"the request body has {err}") from None
+    except RecursionError:
+        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_tree(body)
     return body
 
 
@@ -148,21 +202,21 @@ def _sampling(f: _Fields, max_tokens_name: str = "max_tokens") -> Sampling:
     model = f.str("model")
     max_tokens = f.int(max_tokens_name, None, lo=1)
     temperature = f.number("temperature", 1.0)
-    if temperature < 0:
-        raise bad("temperature", f"must be >= 0 (0 means greedy), got {temperature:g}")
     top_p = f.number("top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise bad("top_p", f"must be in (0, 1], got {top_p:g}")
     top_k = f.int("top_k", None)
     if top_k is not None and top_k < 1:
         top_k = None if top_k in (0, -1) else top_k  # 0 / -1: "no top-k" in vLLM and llama.cpp
         if top_k is not None:
             raise bad("top_k", f"must be an integer >= 1 (or 0, -1, null for none), got {top_k}")
     repetition_penalty = f.number("repetition_penalty", 1.0)
-    if not repetition_penalty > 0:
-        raise bad("repetition_penalty", f"must be > 0 (1 means none), got {repetition_penalty:g}")
     seed = f.int("seed", None)
+    try:  # the ranges every command shares (``generation.check_sampling``)
+        check_sampling(temperature, top_p, repetition_penalty, seed)
+    except OptionError as err:
+        raise bad(err.field, f"{err.rule}, got {err.value!r}") from None
     n = f.int("n", 1, lo=1, hi=MAX_N)
+    if seed is not None and seed + n - 1 > SEED_RANGE[1]:  # choice j samples with seed + j
+        raise bad("seed", f"seed + n - 1 = {seed + n - 1} must stay a signed 64-bit integer (choice j uses seed + j)")
     stream = f.bool("stream", False)
     options = f.get("stream_options", {})
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
@@ -181,6 +235,9 @@ def _sampling(f: _Fields, max_tokens_name: str = "max_tokens") -> Sampling:
         raise bad("stop", f"at most {MAX_STOP} stop sequences are allowed, got {len(stop)}")
     if any(s == "" for s in stop):
         raise bad("stop", "a stop sequence must not be empty")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        longest = max(len(s) for s in stop)
+        raise bad("stop", f"a stop sequence may have at most {MAX_STOP_CHARS} characters, got {longest}")
     f.str("user")
     f.neutral("presence_penalty", 0)
     f.neutral("frequency_penalty", 0)

@@ -1,0 +1,105 @@
+"""The settings of ``tinygpt serve`` (torch- and starlette-free, so the CLI can build its flags cheaply).
+
+``tinygpt serve``'s flags are made from these fields (``cli.common.add_options``); ``create_app`` and
+``run_server`` take the same dataclass. Where uvicorn has the setting it is passed on (``keep_alive_timeout`` ->
+``timeout_keep_alive``, ``max_connections`` -> ``limit_concurrency``, ``shutdown_timeout`` ->
+``timeout_graceful_shutdown``, ``max_header_bytes`` -> ``h11_max_incomplete_event_size``); the rest is
+``serving.edge`` (body size, content type, Host, body timeout) and ``serving.server`` (header timeout, the
+connection limit at accept, file descriptors).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from .. import checks
+from ..checks import option
+
+API_KEY_ENV = "TINYGPT_API_KEY"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# Descriptors kept for everything but client connections (model files, logs) and for an accept burst: asyncio
+# accepts up to the listen backlog (``serving.server.ACCEPT_BACKLOG`` = 64) at once, before a connection past the
+# limit can be closed, so the limit keeps three bursts' worth free.
+FD_RESERVE = 256
+
+
+def default_max_connections() -> int:
+    """What the process's file-descriptor limit allows: the soft ``ulimit -n`` minus ``FD_RESERVE``, at most 4096."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1000
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, min(4096, soft - FD_RESERVE))
+
+
+def is_loopback(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or ``localhost``: an address only this machine can reach."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServeOptions:
+    """Every server setting. Each field's ``metadata`` holds its command-line help."""
+
+    model_name: str | None = option(None, "the model's id in the API", metavar="NAME",
+                                    default_help="the model folder's name or the hub name")
+    host: str = option("127.0.0.1", "address to bind; on a loopback address only requests whose Host is a "
+                                    "loopback name are served (DNS-rebinding defence)")
+    port: int = option(8000, "port to listen on (0: any free port)")
+    max_batch: int = option(8, "rows decoded together; requests beyond wait in the queue")
+    max_queue: int = option(64, "rows (and /inspect requests) that may wait for the batch; beyond, 429 + "
+                                "Retry-After")
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every endpoint but / and /health",
+                                 metavar="KEY", default_help=f"${API_KEY_ENV} if set, else no key")
+    cors_origin: list[str] | None = option(None, "let pages from these origins call the API from a browser "
+                                                 "(e.g. http://localhost:3000; * for any)", metavar="ORIGIN",
+                                           default_help="none")
+    max_body_bytes: int = option(2 ** 20, "largest request body; beyond, 413")
+    header_timeout: float = option(10.0, "seconds a connection may take to send a request's headers; beyond, "
+                                         "408 and closed")
+    body_timeout: float = option(30.0, "seconds a request may take to send its body; beyond, 408")
+    keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open (uvicorn's "
+                                        "timeout_keep_alive)")
+    max_header_bytes: int = option(16384, "largest request head (request line + headers); beyond, 400 (uvicorn's "
+                                          "h11_max_incomplete_event_size)")
+    max_connections: int | None = option(None, "open connections at most; beyond, 503 and closed",
+                                         default_help="ulimit -n minus 256, at most 4096")
+    shutdown_timeout: float = option(10.0, "on SIGTERM/SIGINT, seconds the in-flight requests get to finish; then "
+                                           "every stream ends with an error event and [DONE]; a second signal "
+                                           "exits at once")
+    log_level: str = option("info", "uvicorn's log level", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        checks.int_in_range("port", self.port, 0, 65535)
+        checks.positive_int("max_batch", self.max_batch)
+        checks.non_negative_int("max_queue", self.max_queue)
+        if self.api_key is not None and not (isinstance(self.api_key, str) and self.api_key.strip()):
+            raise checks.OptionError("api_key", self.api_key, "must not be empty")
+        checks.int_in_range("max_body_bytes", self.max_body_bytes, 1024, None)
+        checks.positive_number("header_timeout", self.header_timeout)
+        checks.positive_number("body_timeout", self.body_timeout)
+        checks.positive_int("keep_alive_timeout", self.keep_alive_timeout)
+        checks.int_in_range("max_header_bytes", self.max_header_bytes, 1024, None)
+        checks.positive_int("max_connections", self.max_connections, optional=True)
+        if self.max_connections is None:
+            self.max_connections = default_max_connections()
+        checks.non_negative_number("shutdown_timeout", self.shutdown_timeout)
+        checks.choice("log_level", self.log_level, LOG_LEVELS)
+        for origin in self.cors_origin or []:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise checks.OptionError("cors_origin", origin, "must be * or an origin like http://host:port")
+
+    @property
+    def loopback_only(self) -> bool:
+        """Bound to a loopback address: refuse requests whose Host header names anything else."""
+        return is_loopback(self.host)

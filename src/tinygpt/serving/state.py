@@ -1,0 +1,289 @@
+"""The one state object behind every handler: the model and its tokenizer, the settings, the engine, the requests
+in flight. Handlers (``serving.app``) reach it as ``request.app.state.tinygpt``.
+
+A request's rows (its choices) send their engine events to a ``Choices``, which hands them to the event loop
+through an ``asyncio.Queue``. Every open ``Choices`` is known to the state, so that a shutdown past its timeout can
+end each of them with an error (``abort_all``) instead of cutting its body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from typing import Any, AsyncIterator, Callable
+
+from starlette.requests import Request
+from torch import nn
+
+from ..generation import GenerationConfig
+from ..text_stream import TextCodec
+from ..tokenizer import Tokenizer
+from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .options import ServeOptions
+from .protocol import APIError, Sampling, bad
+
+RETRY_AFTER_SECONDS = 1
+
+
+def busy(message: str) -> APIError:
+    return APIError(429, f"the server is busy: {message}; retry later", type="rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def finish_error(event: Finish) -> APIError | None:
+    """The error a row's ``Finish`` stands for (None for "stop" and "length")."""
+    if event.reason == "cancelled":
+        return APIError(503, f"the request was cancelled: {event.message or 'the server is shutting down'}",
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if event.reason == "error":
+        return APIError(500, f"generation failed: {event.message}")
+    return None
+
+
+class Choices:
+    """The events of one request's rows, gathered on the event loop."""
+
+    def __init__(self, count: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.requests: list[EngineRequest] = []
+        self.finished: set[int] = set()
+        self.count = count
+
+    def sink(self, index: int) -> Callable[[Any], None]:
+        return lambda event: self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, event) until every row finished; after ``abort`` every open row finishes "cancelled"."""
+        while len(self.finished) < self.count:
+            index, event = await self.queue.get()
+            if index < 0:  # aborted: the rows still open end now, whatever the engine does
+                for i in range(self.count):
+                    if i not in self.finished:
+                        self.finished.add(i)
+                        yield i, event
+                return
+            if index in self.finished:
+                continue
+            if isinstance(event, Finish):
+                self.finished.add(index)
+            yield index, event
+
+    def cancel(self) -> None:
+        for req in self.requests:
+            req.cancel()
+
+    def abort(self, message: str) -> None:
+        """End the open rows with ``Finish("cancelled", message)`` (and ask the engine to drop them)."""
+        self.cancel()
+        self.queue.put_nowait((-1, Finish("cancelled", message=message)))
+
+    async def gather(self) -> tuple[list[str], list[list[TokenInfo]], list[str], int]:
+        """Every choice's whole answer: (texts, tokens with the prompt's first when asked, finish reasons, the
+        completion tokens of all); a cancelled or failed row raises its ``APIError``."""
+        count = len(self.requests)
+        texts, tokens, reasons, completion_tokens = [""] * count, [[] for _ in range(count)], [""] * count, 0
+        async for index, event in self.events():
+            if isinstance(event, PromptLogprobs):
+                tokens[index] = event.tokens + tokens[index]
+            elif isinstance(event, Step):
+                texts[index] += event.text
+                tokens[index].append(event.token)
+            else:
+                error = finish_error(event)
+                if error is not None:
+                    raise error
+                texts[index] += event.text
+                reasons[index] = event.reason
+                completion_tokens += event.completion_tokens
+        return texts, tokens, reasons, completion_tokens
+
+
+class ServerState:
+    """The model, its tokenizer, the settings, the engine (while the app's lifespan runs), the requests in flight."""
+
+    def __init__(self, model: nn.Module, tokenizer: TextCodec, options: ServeOptions, dtype: str = "auto") -> None:
+        self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
+        self.model_name = options.model_name or "tinygpt"
+        self.context = model.config.context_length
+        self.vocab = model.config.vocab_size
+        self.n_layers = len(model.trf_blocks)
+        self.eos_id = getattr(tokenizer, "eot_id", None)
+        self.created = int(time.time())
+        self.engine: BatchEngine | None = None
+        self.open: set[Choices] = set()
+        self.inspect_pending = 0  # /inspect requests admitted and not yet answered
+        self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
+        # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
+        self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
+
+    # ------------------------------------------------------------------------------------------ lifespan
+    def start(self) -> None:
+        o = self.options
+        self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
+                                  dtype=self.dtype)
+
+    def stop(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    def abort_all(self, message: str = "the server shut down before the request finished") -> int:
+        """End every request in flight with an error (streams: an error event and ``[DONE]``); returns how many."""
+        for choices in list(self.open):
+            choices.abort(message)
+        return len(self.open)
+
+    def running_engine(self) -> BatchEngine:
+        if self.engine is None:
+            raise APIError(503, "the server is not running (starting or shutting down)")
+        return self.engine
+
+    # ------------------------------------------------------------------------------------------ checks
+    def authorize(self, request: Request) -> None:
+        """With an API key, ``Authorization: Bearer <key>``; the key is compared as UTF-8 bytes in constant time
+        (HTTP headers arrive as bytes; Starlette decodes them as latin-1, which this undoes)."""
+        if self._key is None:
+            return
+        header = request.headers.get("authorization", "").encode("latin-1")
+        given = header[7:] if header[:7].lower() == b"bearer " else b""
+        if not hmac.compare_digest(given, self._key):
+            raise APIError(401, "invalid or missing API key: send the header Authorization: Bearer <key>",
+                           type="authentication_error", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server has {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(self, text: str, param: str, *, special: bool = False) -> list[int]:
+        """Text -> ids (``special``: the end-of-text text becomes its id, as HF tokenizers and vLLM's /tokenize
+        parse special tokens). Run it off the event loop (``asyncio.to_thread``): a long text takes a while."""
+        try:
+            if special and isinstance(self.tokenizer, Tokenizer):
+                return list(self.tokenizer.encode(text, allowed_special=True))
+            ids = list(self.tokenizer.encode(text))
+        except ValueError as err:
+            raise bad(param, f"cannot be tokenized: {err}") from None
+        if not ids:
+            raise bad(param, "is empty: at least one token is needed")
+        return ids
+
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        for t in ids:
+            if not 0 <= t < self.vocab:
+                raise bad(param, f"token id {t} is out of range: ids must satisfy 0 <= id < {self.vocab}")
+        return ids
+
+    # ------------------------------------------------------------------------------------------ token text
+    def token_bytes(self, token: int) -> bytes:
+        get = getattr(self.tokenizer, "token_bytes", None)
+        return get(token) if get is not None else self.tokenizer.decode([token]).encode("utf-8")
+
+    def token_text(self, token: int) -> str:
+        """A token as logprobs show it: its text, or for part of a UTF-8 character OpenAI's "bytes:\\xNN" form
+        (so that distinct tokens never share a key in ``top_logprobs``)."""
+        text = self.tokenizer.decode([token])
+        if "\ufffd" in text:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in self.token_bytes(token))
+        return text
+
+    # ------------------------------------------------------------------------------------------ work
+    def submit(self, prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
+               logprobs: int | None, prompt_logprobs: bool) -> Choices:
+        """One engine row per (prompt, choice); all or none are queued (429 when the queue cannot take them)."""
+        o = self.options
+        rows = len(prompts) * sampling.n
+        if rows > o.max_batch + o.max_queue:
+            raise bad("n", f"{len(prompts)} prompt(s) x n={sampling.n} = {rows} rows; this server takes at most "
+                           f"{o.max_batch + o.max_queue} at once (--max-batch + --max-queue)")
+        budget = o.max_batch * self.context  # what the whole batch decodes in one context
+        total = sum(limits) * sampling.n
+        if total > budget:
+            raise bad("n", f"{len(prompts)} prompt(s) x n={sampling.n} x their max_tokens = {total} new tokens; one "
+                           f"request may ask for at most {budget} (--max-batch {o.max_batch} x the context of "
+                           f"{self.context}): lower n or max_tokens")
+        choices = Choices(rows)
+        eos_id = self.eos_id
+        for p, ids in enumerate(prompts):
+            for j in range(sampling.n):
+                seed = None if sampling.seed is None else sampling.seed + j  # n seeded choices differ
+                config = GenerationConfig(
+                    max_new_tokens=limits[p], temperature=sampling.temperature, top_k=sampling.top_k,
+                    top_p=sampling.top_p, repetition_penalty=sampling.repetition_penalty, seed=seed, eos_id=eos_id,
+                    overflow="error")
+                choices.requests.append(EngineRequest(
+                    ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs))
+        try:
+            self.running_engine().submit(choices.requests)
+        except QueueFull as err:
+            raise busy(str(err)) from None
+        except EngineStopped as err:
+            raise APIError(503, str(err), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        self.open.add(choices)
+        return choices
+
+    def release(self, choices: Choices) -> None:
+        """The request is over (answered, failed or its client gone): its rows leave the engine."""
+        choices.cancel()
+        self.open.discard(choices)
+
+    async def answer(self, request: Request, choices: Choices) -> tuple[list[str], list[list[TokenInfo]],
+                                                                         list[str], int] | None:
+        """``choices.gather()``, or None as soon as the client disconnects (its rows are cancelled, as a stream's
+        are: nobody is left to read the answer)."""
+        gather = asyncio.ensure_future(choices.gather())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if gather.done():
+                return gather.result()
+            return None
+        finally:
+            gone.cancel()
+            gather.cancel()
+            self.release(choices)
+
+    @contextlib.asynccontextmanager
+    async def inspect_place(self) -> AsyncIterator[None]:
+        """A place in the queue for one /inspect, taken before its body is even parsed: 429 once the waiting rows
+        and inspections fill ``--max-queue`` (at least one inspection may always wait)."""
+        waiting = self.running_engine().load()["waiting"]
+        if self.inspect_pending >= max(1, self.options.max_queue - waiting):
+            raise busy(f"{self.inspect_pending} /inspect request(s) and {waiting} row(s) waiting, "
+                       f"--max-queue {self.options.max_queue}")
+        self.inspect_pending += 1
+        try:
+            yield
+        finally:
+            self.inspect_pending -= 1
+
+    async def run_inspect(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (an Inspect computation) on the engine's thread, alone, between two decode steps, so that a
+        stream waits for at most one inspection at a time."""
+        async with self.inspect_turn:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[Any] = loop.create_future()
+
+            def done(result: Any, error: BaseException | None) -> None:
+                def settle() -> None:
+                    if not future.done():
+                        future.set_exception(error) if error is not None else future.set_result(result)
+                loop.call_soon_threadsafe(settle)
+
+            try:
+                self.running_engine().call(fn, done)
+            except EngineStopped as err:
+                raise APIError(503, str(err)) from None
+            return await future
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body was read already, so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
