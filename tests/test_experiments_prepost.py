@@ -47,8 +47,8 @@ def test_xavier_init_is_the_original_transformers():
     pre, post = model_pair(config, seed=1, init="xavier")
     d, v = config.emb_dim, config.vocab_size
     block = pre.trf_blocks[0]
-    # Xavier-uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); the fused QKV as three D x D projections.
-    for weight, bound in ((block.att.qkv.weight, math.sqrt(6 / (2 * d))), (block.att.out_proj.weight, math.sqrt(6 / (2 * d))),
+    # Xavier-uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); the fused QKV [3D, D] as one matrix.
+    for weight, bound in ((block.att.qkv.weight, math.sqrt(6 / (4 * d))), (block.att.out_proj.weight, math.sqrt(6 / (2 * d))),
                           (block.ff.layers[0].weight, math.sqrt(6 / (5 * d))), (pre.out_head.weight, math.sqrt(6 / (d + v)))):
         assert 0.9 * bound < weight.abs().max().item() <= bound
     assert torch.count_nonzero(block.att.qkv.bias) == 0 and torch.count_nonzero(block.ff.layers[0].bias) == 0

@@ -9,8 +9,9 @@ Two initialisations (``INITS``):
 
 - ``gpt2``: the model's own (every weight N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2L))). Small
   weights keep post-LN's sublayers close to identity maps at the start, and post-LN trains without a warmup.
-- ``xavier``: the original Transformer's (Vaswani et al. 2017): Xavier-uniform linear weights (the fused QKV
-  projection as its three D x D parts), zero biases, N(0, 1) token and position embeddings. Here post-LN's
+- ``xavier``: the original Transformer's as PyTorch's ``nn.Transformer`` draws it: Xavier-uniform linear weights,
+  the fused QKV weight [3D, D] as one matrix (as ``nn.MultiheadAttention`` draws its ``in_proj_weight``), zero
+  biases, N(0, 1) token and position embeddings. Here post-LN's
   gradients at init grow toward the output (Xiong et al. 2020) and one Adam step moves its output much more than
   pre-LN's (the amplification of Liu et al. 2020): the setting where post-LN needs its warmup.
 
@@ -44,16 +45,14 @@ STALL_GAP = 0.1
 def xavier_init(model: GPTModel) -> GPTModel:
     """Re-draw ``model``'s weights with the original Transformer's init (torch's global RNG); returns ``model``.
 
-    Linear weights Xavier-uniform, the fused QKV weight [3D, D] as three separate D x D projections (as the original
-    has them); biases 0; token and position embeddings N(0, 1); LayerNorm scale 1 and shift 0 (as built)."""
+    Linear weights Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)); the fused QKV weight [3D, D] is
+    one matrix (a = sqrt(6 / 4D)), as in ``nn.MultiheadAttention``: drawn as three D x D matrices (a = sqrt(6 / 2D))
+    its queries and keys are larger, and post-LN's warmup no longer recovers in 300 steps (docs/experiments.md has
+    both tables). Biases 0; token and position embeddings N(0, 1); LayerNorm scale 1 and shift 0 (as built)."""
     with torch.no_grad():
-        for name, module in model.named_modules():
+        for module in model.modules():
             if isinstance(module, nn.Linear):
-                if name.endswith("att.qkv"):
-                    for part in module.weight.split(module.in_features, dim=0):  # q, k, v: [D, D] each
-                        nn.init.xavier_uniform_(part)
-                else:
-                    nn.init.xavier_uniform_(module.weight)
+                nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
