@@ -2,7 +2,8 @@
 
 The blocks of one file run in order in one namespace (a page builds on its earlier blocks, as a notebook does), in
 a fresh working directory. A ```python block followed (blank lines apart) by a ```text block must print exactly that
-text; trailing whitespace on each line and trailing blank lines do not count.
+text; trailing whitespace on each line and trailing blank lines do not count. A page that calls ``gpt2_tokenizer()``
+reads GPT-2's vocabulary from the tests' offline copy (``$TINYGPT_GPT2_VOCAB``), as a reader's tiktoken cache would.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import GPT2_VOCAB_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -59,6 +61,8 @@ def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     if not blocks:
         pytest.skip("no python blocks")
     monkeypatch.chdir(tmp_path)
+    if (GPT2_VOCAB_DIR / "encoder.json").exists():
+        monkeypatch.setenv("TINYGPT_GPT2_VOCAB", str(GPT2_VOCAB_DIR))
     namespace: dict = {"__name__": "__doc_page__"}
     for block in blocks:
         where = f"{page.relative_to(ROOT)}:{block.line}"
