@@ -1,4 +1,4 @@
-"""The seeds' experiments: `experiment NAME`."""
+"""The chapter's and the block lesson's experiments: `experiment NAME`."""
 
 from __future__ import annotations
 

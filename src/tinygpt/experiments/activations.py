@@ -1,4 +1,4 @@
-"""Seed 000 §6.3: GELU against ReLU (and SiLU, LLaMA's activation, seed 002 §5), with their derivatives.
+"""GELU against ReLU, as the chapter draws them (and SiLU, LLaMA's activation), with their derivatives.
 
 GELU(x) = x * Phi(x) exactly (``erf``); GPT-2 uses the tanh approximation. The curves show shape only -- the seed
 warns they say nothing about which trains better. The printed figures are the largest gap between the exact and

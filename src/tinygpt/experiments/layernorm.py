@@ -1,9 +1,9 @@
-"""Seed 000 §6.2: LayerNorm's variance convention and what the trainable scale/shift do to the statistics.
+"""The chapter's LayerNorm example: the variance convention and what the trainable scale/shift do to the statistics.
 
 x = [1, 3]: mean 2; the biased (population) variance divides by D and is 1, giving [-1, 1]; the unbiased sample
 variance divides by D - 1 and is 2, giving [-1/sqrt 2, 1/sqrt 2]. Then a batch of vectors goes through the
 normalisation step and through a full layer whose scale/shift look trained (drawn around 1 and 0): only the
-normalisation step produces mean 0 / variance 1 per position; the full layer's output does not (the seed's warning).
+normalisation step produces mean 0 / variance 1 per position; the full layer's output does not (the chapter's warning).
 """
 
 from __future__ import annotations

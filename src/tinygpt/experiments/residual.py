@@ -1,10 +1,10 @@
-"""Seed 000 §6.4: shortcuts give the gradient a direct path, dy/dx = I + df/dx.
+"""The chapter's shortcut experiment: shortcuts give the gradient a direct path, dy/dx = I + df/dx.
 
 The upstream ch04 example network: five layers of widths 3->3->3->3->3->1, each ``Linear`` followed by GELU, with
 a shortcut ``x + layer(x)`` only where the input and output shapes match (not in the last layer, 3 -> 1). One input
 [[1., 0., -1.]], target [[0.]], MSE loss, one backward pass; the measure is the mean absolute gradient of each
 layer's weight. Both networks are built right after the same ``torch.manual_seed``, so their weights are identical
-and the shortcut is the only difference (the seed's condition for reading the comparison).
+and the shortcut is the only difference (the chapter's condition for reading the comparison).
 """
 
 from __future__ import annotations
