@@ -9,7 +9,7 @@ from .common import Parser
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="the seeds' experiments: print a table, write a PNG and a JSON")
+    p = sub.add_parser("experiment", help="the chapter's and the block lesson's experiments: print a table, write PNGs and a JSON")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", metavar="DIR", help="output directory (default: runs/experiments/NAME)")
     common.add_argument("--seed", type=int, default=123, help="random seed (default: 123)")

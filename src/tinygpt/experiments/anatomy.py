@@ -123,7 +123,7 @@ def run_anatomy(out: str | Path | None = None, seed: int = 123,
         "(8D^2 + 5D) / (4D^2 + D) -> 2 as D grows",
         "training memory with AdamW = 4 copies of the parameters (weight, gradient, two moments): 16 bytes each at "
         "float32, 8 at bfloat16; activations not included",
-        f"seed 002 exercise 1 (12 layers x 768): bias-free linears save L * 6D = {ex_plain:,} parameters with "
+        f"the block lesson's exercise 1 (12 layers x 768): bias-free linears save L * 6D = {ex_plain:,} parameters with "
         "tinygpt's "
         f"default bias-free QKV, or L * 9D = {ex_qkv:,} when the QKV projection has a bias (GPT-2 as released); "
         f"computed from the formula; the config's bias=False switch also drops the LayerNorm shifts: "

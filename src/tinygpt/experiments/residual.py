@@ -89,9 +89,9 @@ def run_residual(out: str | Path | None = None, seed: int = 123) -> ExperimentRe
         f"({first_ratio:,.0f}x larger)",
         f"last/first layer gradient ratio: {spread_plain:,.1f} without shortcuts (the gradient shrinks towards the "
         f"input), {spread_shortcut:,.1f} with shortcuts",
-        "agrees with seed 000 §6.4: the identity term keeps the early layers' gradients from vanishing"
+        "agrees with the chapter: the identity term keeps the early layers' gradients from vanishing"
         if first_ratio > 1 else
-        "DISAGREES with seed 000 §6.4: the shortcut did not enlarge the first layer's gradient for this seed",
+        "DISAGREES with the chapter: the shortcut did not enlarge the first layer's gradient for this seed",
     ]
 
     fig = new_figure(7.5, 4.2)
