@@ -117,8 +117,11 @@ def test_lesson_verdict_compares_like_with_like():
     assert (v["seeds"], v["post_ln_fails_seeds"], v["warmup_recovers_seeds"]) == (3, 2, 3)
     assert v["gap_post_minus_pre"] == pytest.approx(0.583333, abs=1e-6)
     assert v["gap_warmup_post_minus_pre"] == pytest.approx(0.05, abs=1e-9)
+    assert v["warmup_removes"] == pytest.approx(1 - 0.05 / 0.583333, abs=1e-6)
     alike = lesson_verdict({**final, "post_ln": [2.15] * 3}, step0=4.7)
     assert alike["post_ln_fails"] is False and alike["shown"] is False
+    assert alike["warmup_removes"] == pytest.approx(0.0, abs=1e-9)  # post-LN + warmup is as far behind as post-LN
+    assert math.isnan(lesson_verdict({**final, "post_ln": [2.0] * 3}, step0=4.7)["warmup_removes"])  # no excess
     no_recovery = lesson_verdict({**final, "post_ln_warmup": [2.9] * 3}, step0=4.7)
     assert no_recovery["warmup_recovers"] is False and no_recovery["shown"] is False
     diverged = lesson_verdict({**final, "post_ln": [math.inf, 3.0, 3.0]}, step0=4.7)

@@ -110,8 +110,8 @@ def training_figure(cells: list[dict], plateau: float, lr: float, warmup: int) -
         ax.axhline(plateau, color="gray", ls=":", lw=1, label=f"unigram entropy {plateau:.2f}")
     ax_loss.set_ylim(min(1.5, plateau - 1.5), main["step0_loss"] + 0.3)
     _label(ax_loss, "step", "cross-entropy (nats / char)",
-           f"{main['init']} init, L={main['depth']}, lr {lr:g}, warmup {warmup}; band: min-max over "
-           f"{len(seeds)} seeds", legend_size=7)
+           f"L={main['depth']} {main['init']}, lr {lr:g}, warmup {warmup} (band: {len(seeds)} seeds' min-max)",
+           legend_size=7)
     labels = [f"L={c['depth']}\n{c['init']}" for c in cells]
     for x, cell in enumerate(cells):
         for k, variant in enumerate(VARIANTS):

@@ -176,7 +176,16 @@ def lesson_verdict(final: dict[str, Sequence[float]], step0: float, gap: float =
             "shown": pre_trains and post_fails and recovers, "seeds": seeds,
             "post_ln_fails_seeds": fails_per_seed, "warmup_recovers_seeds": recovers_per_seed,
             "gap_post_minus_pre": mean["post_ln"] - mean["pre_ln"],
-            "gap_warmup_post_minus_pre": mean["post_ln_warmup"] - mean["pre_ln_warmup"]}
+            "gap_warmup_post_minus_pre": mean["post_ln_warmup"] - mean["pre_ln_warmup"],
+            "warmup_removes": _removed(mean)}
+
+
+def _removed(mean: dict[str, float]) -> float:
+    """The share of post-LN's excess over pre-LN that the warmup removes (1: all of it; nan without an excess)."""
+    excess = mean["post_ln"] - mean["pre_ln"]
+    if not math.isfinite(excess):
+        return 1.0 if math.isfinite(mean["post_ln_warmup"]) else 0.0
+    return 1 - (mean["post_ln_warmup"] - mean["pre_ln_warmup"]) / excess if excess > 0 else math.nan
 
 
 def verdict_text(verdict: dict) -> str:
@@ -185,7 +194,8 @@ def verdict_text(verdict: dict) -> str:
             f"(mean {verdict['gap_post_minus_pre']:+.3f} nats against pre-LN; on {verdict['post_ln_fails_seeds']} "
             f"of {n} seeds); post-LN with warmup recovers: {verdict['warmup_recovers']} (mean "
             f"{verdict['gap_warmup_post_minus_pre']:+.3f} nats against pre-LN with the same warmup; on "
-            f"{verdict['warmup_recovers_seeds']} of {n} seeds)")
+            f"{verdict['warmup_recovers_seeds']} of {n} seeds; the warmup removes {verdict['warmup_removes']:.0%} of "
+            "post-LN's excess)")
 
 
 def run_sweep(config: GPTConfig, ids: torch.Tensor, *, depths: Sequence[int], lrs: Sequence[float], steps: int,
