@@ -9,7 +9,8 @@ from .common import Parser
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="the chapter's and the block lesson's experiments: print a table, write PNGs and a JSON")
+    p = sub.add_parser("experiment", help="the chapter's and the block lesson's experiments: print a table, write "
+                                          "PNGs and a JSON")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", metavar="DIR", help="output directory (default: runs/experiments/NAME)")
     common.add_argument("--seed", type=int, default=123, help="random seed (default: 123)")
@@ -85,7 +86,8 @@ def _run_experiment(args: argparse.Namespace) -> int:
             **common, config=args.config, data=args.data, max_chars=args.max_chars, steps=args.steps,
             batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, init=args.init,
             seeds=args.seeds, contrast_depths=tuple(d for d in args.contrast_depths if d != 0),
-            control_init=None if args.control_init == "none" else args.control_init, profile_depths=args.profile_depths, sweep=args.sweep, sweep_depths=args.sweep_depths,
+            control_init=None if args.control_init == "none" else args.control_init,
+            profile_depths=args.profile_depths, sweep=args.sweep, sweep_depths=args.sweep_depths,
             sweep_lrs=args.sweep_lrs, sweep_steps=args.sweep_steps,
             progress=lambda line: print(line, file=sys.stderr, flush=True))
     elif name == "attention":
