@@ -1,21 +1,24 @@
 """Draw the guide's pictures that no experiment writes, each in English and in Chinese.
 
-    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention]
+    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|prepost] [--prepost DIR ...]
 
 - ``gelu_relu.png`` / ``gelu_relu_zh.png``: GELU (tanh, as GPT-2) against ReLU, and their derivatives (guide page 3).
 - ``attention_trained.png`` / ``attention_trained_zh.png``: every head's attention weights in both layers of a small
   character model trained here for a few hundred steps on the embedded corpus (guide page 10, exercise 3). CPU,
   one thread: about a minute.
+- ``prepost_*_zh.png``: the figures of ``tinygpt experiment prepost`` with Chinese labels, redrawn from the
+  ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure).
 
 The Chinese labels need a font with CJK glyphs (Noto Sans CJK, Source Han Sans, WenQuanYi Micro Hei, ...; on Debian
 ``apt-get install fonts-wqy-microhei``); the script says so and stops if none is installed. The diagrams of the
 guide (the block, the route from ids to logits, the KV cache) are Mermaid in the pages themselves, and the pre-LN
-figures come from ``tinygpt experiment prepost``.
+figures come from ``tinygpt experiment prepost`` (English labels), redrawn here in Chinese.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from matplotlib import font_manager
 
 from tinygpt import CharTokenizer, GPTConfig, GPTModel
 from tinygpt.corpus import embedded_corpus_text
+from tinygpt.experiments import prepost_figures
 from tinygpt.experiments.attention import attention_weights
 from tinygpt.figures import new_figure, save_png
 from tinygpt.layers import gelu_tanh_formula
@@ -47,6 +51,69 @@ TEXT = {
            "att_suptitle": "训练过的两层字符级模型的注意力权重（每行之和为 1；对角线以上恰为 0：因果掩码）"},
 }
 PROMPT = "def forward(self, x):\n    return self.linear(x)"
+# The prepost figures' English texts and their Chinese (applied longest first, so a phrase wins over its words).
+PREPOST_ZH = (
+    ("measured pre-LN / post-LN", "实测 pre-LN / post-LN"), ("10x (exercise 5's expectation)", "10 倍（练习 5 的预期）"),
+    ("1x (equal)", "1 倍（相等）"), ("block index (0 = stack input)", "block 序号（0 = 堆叠的输入）"),
+    ("||dL/d input|| pre-LN / post-LN", "||dL/d 输入|| pre-LN / post-LN"),
+    ("blocks, same weights: gradient ratio at each block's input", "个 block、相同权重：每个 block 输入处的梯度比值"),
+    ("block (1 = next to the embeddings)", "block（1 = 紧挨 embedding）"),
+    ("||dL/dW2|| at init (log scale)", "初始化时的 ||dL/dW2||（对数轴）"),
+    ("gradient per block at init,", "初始化时每个 block 的梯度，"), (" layers", " 层"),
+    ("one AdamW step", "一步 AdamW"), ("how far the output moves", "输出移动了多远"),
+    ("KL(before || after), nats (log scale)", "KL(更新前 || 更新后)，nat（对数轴）"),
+    ("pre-LN + warmup", "pre-LN + warmup"), ("init", "初始化"), ("unigram entropy", "一元熵"),
+    ("cross-entropy (nats / char)", "交叉熵（nat / 字符）"), ("step", "步"),
+    ("band:", "阴影："), ("seeds' min-max", "个种子的最小–最大"),
+    ("mean loss of the last 10% of steps", "最后 10% 步的平均损失"), ("final loss per seed", "每个种子的最终损失"),
+    ("cell (depth, init)", "单元（深度，初始化）"), ("||dL/d tok_emb|| (log scale)", "||dL/d tok_emb||（对数轴）"),
+    ("token-embedding gradient norm (mean over seeds)", "token embedding 的梯度范数（种子平均）"),
+    ("loss at step 0 (x: diverged)", "第 0 步的损失（x：发散）"), ("learning rate (log scale)", "学习率（对数轴）"),
+    ("mean loss, last 10% of steps (nats / char)", "最后 10% 步的平均损失（nat / 字符）"), ("layers", "层数"),
+)
+
+
+def _zh(text: str) -> str:
+    for en, zh in sorted(PREPOST_ZH, key=lambda pair: -len(pair[0])):
+        text = text.replace(en, zh)
+    return text
+
+
+def translated(fig, font: str):
+    """``fig`` with every title, axis label, legend entry and tick label put through ``PREPOST_ZH``."""
+    for ax in fig.axes:
+        ax.set_title(_zh(ax.get_title()), fontfamily=font)
+        ax.set_xlabel(_zh(ax.get_xlabel()), fontfamily=font)
+        ax.set_ylabel(_zh(ax.get_ylabel()), fontfamily=font)
+        legend = ax.get_legend()
+        for text in legend.get_texts() if legend else ():
+            text.set_text(_zh(text.get_text()))
+            text.set_fontfamily(font)
+        for label in ax.get_xticklabels():
+            label.set_text(_zh(label.get_text()))
+            label.set_fontfamily(font)
+    return fig
+
+
+def prepost_figures_zh(directories: list[Path], font: str) -> dict:
+    """The Chinese prepost figures from each folder's ``prepost.json``: {file name: Figure}."""
+    figures = {}
+    for directory in directories:
+        data = json.loads((directory / "prepost.json").read_text(encoding="utf-8"))
+        plateau = data["unigram_entropy"]
+        figures["prepost_gradients_zh.png"] = prepost_figures.gradient_figure(data["stacks"]["results"])
+        if "init_profile" in data and len(data["init_profile"]["grad_norm_per_block"]["gpt2"]) > 1:
+            profile = data["init_profile"]["grad_norm_per_block"]
+            figures["prepost_profile_zh.png"] = prepost_figures.profile_figure(profile)
+            figures["prepost_mechanism_zh.png"] = prepost_figures.mechanism_figure(
+                profile, data["one_step_change"]["kl"], data["one_step_change"]["lr"])
+        if "training" in data:
+            t = data["training"]
+            figures["prepost_training_zh.png"] = prepost_figures.training_figure(t["cells"], plateau, t["lr"],
+                                                                                 t["warmup"])
+        if "sweep" in data:
+            figures["prepost_sweep_zh.png"] = prepost_figures.sweep_figure(data["sweep"]["cells"], plateau)
+    return {name: translated(fig, font) for name, fig in figures.items()}
 
 
 def cjk_font() -> str:
@@ -142,7 +209,9 @@ def attention_figure(model: GPTModel, tokenizer: CharTokenizer, lang: str, font:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder (default: docs/images)")
-    parser.add_argument("--only", choices=("gelu", "attention"), help="draw one picture (both languages)")
+    parser.add_argument("--only", choices=("gelu", "attention", "prepost"), help="draw one picture (both languages)")
+    parser.add_argument("--prepost", action="append", default=[], metavar="DIR",
+                        help="an output folder of `tinygpt experiment prepost` to redraw in Chinese (repeatable)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -156,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         for lang in ("en", "zh"):
             fig = attention_figure(model, tokenizer, lang, font)
             written.append(save_png(fig, out / f"attention_trained{'' if lang == 'en' else '_zh'}.png"))
+    if args.only in (None, "prepost"):
+        for name, fig in prepost_figures_zh([Path(d) for d in args.prepost], font).items():
+            written.append(save_png(fig, out / name))
     for path in written:
         print(f"wrote {path}")
     return 0
