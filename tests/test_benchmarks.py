@@ -162,3 +162,16 @@ def test_forward_profile_groups_the_self_cpu_time(capsys):
     with pytest.raises(SystemExit):
         forward_profile.main(["--quick", "--shapes", "1x0"])
     assert "batch x tokens" in capsys.readouterr().err
+
+
+def test_threads_benchmark_times_both_settings(tmp_path, capsys):
+    from benchmarks import threads
+
+    path = tmp_path / "threads.json"
+    assert threads.main(["--repeats", "1", "--tokens", "2", "--json", str(path)]) == 0
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["tokens"] == 2 and set(data["stats"]) == {f"{data['cores']} threads (torch's default)", "1 thread"}
+    assert all(s["samples"] == 1 and s["median_s"] > 0 for s in data["stats"].values())
+    assert "default / one thread:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        threads.main(["--repeats", "0"])

@@ -2,18 +2,21 @@
 
 The blocks of one file run in order in one namespace (a page builds on its earlier blocks, as a notebook does), in
 a fresh working directory. A ```python block followed (blank lines apart) by a ```text block must print exactly that
-text; trailing whitespace on each line and trailing blank lines do not count.
+text; trailing whitespace on each line and trailing blank lines do not count. A page that calls ``gpt2_tokenizer()``
+reads GPT-2's vocabulary from the tests' offline copy (``$TINYGPT_GPT2_VOCAB``), as a reader's tiktoken cache would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import GPT2_VOCAB_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -55,10 +58,15 @@ def test_python_blocks_are_found_with_their_outputs() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
-    blocks = python_blocks(page.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    blocks = python_blocks(text)
     if not blocks:
         pytest.skip("no python blocks")
     monkeypatch.chdir(tmp_path)
+    if (GPT2_VOCAB_DIR / "encoder.json").exists():
+        monkeypatch.setenv("TINYGPT_GPT2_VOCAB", str(GPT2_VOCAB_DIR))
+    elif "gpt2_tokenizer(" in text and not os.environ.get("TINYGPT_GPT2_VOCAB"):
+        pytest.skip(f"the page reads GPT-2's vocabulary, which is not in {GPT2_VOCAB_DIR}")
     namespace: dict = {"__name__": "__doc_page__"}
     for block in blocks:
         where = f"{page.relative_to(ROOT)}:{block.line}"

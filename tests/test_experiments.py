@@ -74,8 +74,9 @@ def test_prepost_stacks_share_weights_and_differ(tmp_path):
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
     config = GPTConfig(vocab_size=1, context_length=16, emb_dim=16, n_heads=2, n_layers=2)
     report = run_prepost(tmp_path / "out", seed=3, config=config, data=text, steps=3, batch_size=2, seq_len=8,
-                         depths=(2, 3), stack_shape=(2, 8, 32), stack_heads=4, profile_depths=(2,))
-    data = _check_files(report, "prepost_gradients", "prepost_profile", "prepost_training")
+                         depths=(2, 3), stack_shape=(2, 8, 32), stack_heads=4, profile_depths=(2,), init="gpt2",
+                         seeds=1, contrast_depths=(), control_init=None)
+    data = _check_files(report, "prepost_gradients", "prepost_profile", "prepost_mechanism", "prepost_training")
     for depth in ("2", "3"):
         r = data["stacks"]["results"][depth]
         assert r["outputs_allclose"] is False and r["outputs_max_abs_diff"] > 1e-3
@@ -84,11 +85,12 @@ def test_prepost_stacks_share_weights_and_differ(tmp_path):
             assert len(norms) == int(depth) and all(math.isfinite(g) and g > 0 for g in norms)
     training = data["training"]
     assert training["config"]["vocab_size"] == len(set(text.read_text(encoding="utf-8")))
-    for variant in ("pre_ln", "post_ln", "post_ln_warmup"):
-        run = training["runs"][variant]
+    runs = training["cells"][0]["runs"]["3"]
+    for variant in ("pre_ln", "pre_ln_warmup", "post_ln", "post_ln_warmup"):
+        run = runs[variant]
         assert len(run["loss"]) == 3 and run["diverged"] is False
         assert abs(run["loss"][0] - math.log(training["config"]["vocab_size"])) < 0.5  # near-uniform at init
-    assert training["runs"]["pre_ln"]["loss"] != training["runs"]["post_ln"]["loss"]
+    assert runs["pre_ln"]["loss"] != runs["post_ln"]["loss"]
 
 
 def test_prepost_rejects_bad_arguments(tmp_path):

@@ -1,9 +1,9 @@
 """The model configuration: the five sizes (V, C, D, H, L), dropout rates and the architecture switches.
 
-Seed 000 §6.1: the sizes constrain each other -- ``emb_dim % n_heads == 0``, token ids ``< vocab_size``,
+The chapter's first rule: the sizes constrain each other -- ``emb_dim % n_heads == 0``, token ids ``< vocab_size``,
 positions ``< context_length``. The config is checked once, when it is built; everything downstream trusts it.
 
-Seed 002 §5 notes that the same skeleton with RMSNorm and SiLU is the LLaMA family; the switches ``norm``, ``ffn``,
+The block lesson notes that the same skeleton with RMSNorm and SiLU is the LLaMA family; the switches ``norm``, ``ffn``,
 ``bias``, ``pos_emb`` and ``n_kv_heads`` select those variants. Their defaults are GPT-2's, so a config dict written
 before they existed loads unchanged.
 """
@@ -30,10 +30,10 @@ _CHOICES = {
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes and switches of a GPT model, with the seeds' upstream field names.
+    """Sizes and switches of a GPT model, with LLMs-from-scratch's field names.
 
     ``drop_rate_emb`` / ``drop_rate_attn`` / ``drop_rate_shortcut`` fall back to ``drop_rate`` when left as
-    ``None`` (seed 000 §6.5: one rate by default, three independent ones in the exercise).
+    ``None`` (the chapter: one rate by default, three independent ones in its exercise).
 
     Architecture variants (defaults = GPT-2):
 
@@ -187,7 +187,7 @@ def _check_keys(data: dict[str, Any], what: str) -> None:
 
 _GPT2 = dict(vocab_size=50257, context_length=1024)
 
-# Seed 000 §6.1 (the small check config) and §6.7 (small/medium/large/xl as in the GPT-2 paper).
+# The chapter's small check config and its four GPT-2 sizes (small/medium/large/xl, as in the GPT-2 paper).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=16, context_length=16, emb_dim=16, n_heads=4, n_layers=2, drop_rate=0.0),
     "gpt2-small": dict(_GPT2, emb_dim=768, n_heads=12, n_layers=12),

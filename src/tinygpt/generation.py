@@ -1,22 +1,22 @@
-"""Text generation: the seeds' greedy loop (seed 000 §6.9) and the cached generation engine built on it.
+"""Text generation: the chapter's greedy loop (``generate_text_simple``) and the cached generation engine built on it.
 
-``generate_greedy`` is the seeds' ``generate_text_simple``, kept as the reference. ``generate`` / ``stream`` add a
+``generate_greedy`` is the upstream's ``generate_text_simple``, kept as the reference. ``generate`` / ``stream`` add a
 KV cache (prefill the prompt once, then feed one token per step), sampling (``tinygpt.sampling``), stop conditions
 and batches of prompts of different lengths (left padding + a key mask + per-row positions).
 
 The context limit is a *policy* (``GenerationConfig.overflow``), applied whenever the text the model must see
 next would be longer than C tokens. The cache never changes which tokens come out, only how fast:
 
-- ``"slide"`` (default): the seeds' semantics -- each step sees the last C tokens, positions from 0. Up to C this
+- ``"slide"`` (default): the chapter's semantics -- each step sees the last C tokens, positions from 0. Up to C this
   is the cached fast path; beyond C every position's embedding changes at every step, so nothing cached can be
   reused and each step is a full forward over C tokens (the cost of the uncached loop: about C times a cached
   step). Identical tokens to ``generate_greedy``, so switching the cache off never changes the output.
 - ``"shift"``: keep the last ``shift_keep`` tokens (default C // 2), re-prefill them once at positions from 0 and
   continue cached; one prefill per C - shift_keep new tokens. Fast, but an approximation: the model forgets the
-  dropped text and the kept text moves to new positions (seed 000 §6.9: truncation is not a cache).
+  dropped text and the kept text moves to new positions (as the chapter warns, truncation is not a cache).
 - ``"error"``: a ``ValueError`` before any work, saying how many new tokens fit.
 
-Speed, cached and uncached, against Hugging Face and the seeds' upstream: ``python -m benchmarks.generation``.
+Speed, cached and uncached, against Hugging Face and LLMs-from-scratch: ``python -m benchmarks.generation``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def generate_greedy(
 ) -> torch.Tensor:
     """Append ``max_new_tokens`` argmax tokens to idx [B, T]; returns [B, T + max_new_tokens].
 
-    Exactly the seeds' ``generate_text_simple``: each step crops to the last ``context_size`` tokens (default C),
+    Exactly the upstream's ``generate_text_simple``: each step crops to the last ``context_size`` tokens (default C),
     runs the full forward (positions restart at 0 for the crop, so once the sequence outgrows the window this is
     *not* what a cache keeping all history would compute), and takes the argmax of the last position. Runs in eval
     mode without gradients and puts the model back in the mode it was in.
@@ -86,7 +86,7 @@ def generate_greedy(
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """How to generate. The defaults are greedy decoding with the cache and the seeds' sliding window.
+    """How to generate. The defaults are greedy decoding with the cache and the chapter's sliding window.
 
     ``temperature`` 0 means greedy (argmax); > 0 samples from softmax(logits / T), after ``top_k`` (keep exactly
     k tokens) and ``top_p`` (nucleus; 1.0 = off). ``repetition_penalty`` > 1 discourages every token already in

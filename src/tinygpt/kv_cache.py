@@ -2,7 +2,8 @@
 
 Attention at position t needs the keys and values of positions 0..t. Without a cache every decode step recomputes
 them for the whole prefix; with it, a step computes them for the new token only and writes them at its explicit
-position (seed 000 §6.9 defers this to "chapter 8": truncating the window is *not* the same computation).
+position (the chapter leaves the cache for later and warns that truncating the window is *not* the same
+computation).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The building blocks of the GPT, each written from scratch as the seeds describe them.
+"""The building blocks of the GPT, each written from scratch as the chapter and the block lesson describe them.
 
-LayerNorm (seed 000 §6.2), GELU and the feed-forward network (§6.3), causal multi-head attention (seed 002), and
-the transformer block in its pre-LN and post-LN orders (§6.5, seed 002). The LLaMA-family swaps of seed 002's
-exercises ride on the same classes: RMSNorm, SiLU/SwiGLU, bias-free linears, RoPE (``rope.py``) and grouped-query
-attention, each chosen by a ``GPTConfig`` field.
+LayerNorm (biased variance), GELU (tanh) and the feed-forward network D -> 4D -> D, causal multi-head attention with
+a fused QKV projection, and the transformer block in its pre-LN and post-LN orders. The LLaMA-family swaps of the
+block lesson's exercises ride on the same classes: RMSNorm, SiLU/SwiGLU, bias-free linears, RoPE (``rope.py``) and
+grouped-query attention, each chosen by a ``GPTConfig`` field.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class LayerNorm(nn.Module):
 def layer_norm_formula(
     x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None, eps: float = 1e-5
 ) -> torch.Tensor:
-    """LayerNorm written out (seed 000 §6.2), the definition ``LayerNorm.forward`` computes: [..., D] -> [..., D]."""
+    """LayerNorm written out (biased variance), the definition ``LayerNorm.forward`` computes: [..., D] -> [..., D]."""
     mean = x.mean(dim=-1, keepdim=True)  # [..., 1]
     var = x.var(dim=-1, keepdim=True, unbiased=False)  # [..., 1], divides by D (biased)
     normed = scale * (x - mean) / torch.sqrt(var + eps)
@@ -58,7 +58,7 @@ def layer_norm_formula(
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019; LLaMA): [..., D] -> [..., D], same shape (seed 002, exercise 2).
+    """Root-mean-square norm (Zhang & Sennrich 2019; LLaMA): [..., D] -> [..., D], same shape (block lesson, exercise 2).
 
     RMS(x)_j = scale_j * x_j / sqrt(mean(x^2) + eps): LayerNorm without the mean subtraction and without a shift,
     so it rescales each position but does not re-centre it. The statistic is computed in at least float32 (half
@@ -84,7 +84,7 @@ def make_norm(config: GPTConfig) -> LayerNorm | RMSNorm:
 
 
 def gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
-    """GELU(x) ~= x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), written out (seed 000 §6.3).
+    """GELU(x) ~= x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), written out (GPT-2's tanh approximation).
 
     The constant is a Python float, so it is exact in float64 too (the upstream builds it as a float32 tensor,
     which is the known source of its ~1e-9 float64 difference).
@@ -187,7 +187,7 @@ class MultiHeadAttention(nn.Module):
     Query i may only look at keys j <= i (its own absolute position and earlier): ``causal_mask``. A plain causal
     forward hands that rule to ``scaled_dot_product_attention`` (``is_causal``) with no mask tensor at all; where a
     mask is needed (padding, the attention weights, a cached multi-token step) it is built for the call's [T, S]
-    positions. There is no [C, C] mask buffer per layer, as the seeds' upstream keeps (L * C^2 values: 48 MiB of
+    positions. There is no [C, C] mask buffer per layer, as LLMs-from-scratch's chapter 4 keeps (L * C^2 values: 48 MiB of
     float32 for gpt2-small, and it grows with the square of the context length).
 
     Grouped-query attention: with Hkv = ``config.kv_heads`` < H key/value heads, the fused projection is
@@ -247,7 +247,7 @@ class TransformerBlock(nn.Module):
 
     pre-LN (GPT-2, the default):  u = x + drop(attn(ln1(x)));  y = u + drop(ffn(ln2(u)))
     post-LN (original Transformer, GPT-1):  u = ln1(x + drop(attn(x)));  y = ln2(u + drop(ffn(u)))
-    The FFN's residual adds the *updated* u, not the block input (seed 000 §6.5).
+    The FFN's residual adds the *updated* u, not the block input (the chapter insists on it).
     """
 
     def __init__(self, config: GPTConfig, pre_ln: bool | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The GPT model: token ids [B, T] -> logits [B, T, V] (seed 000 §6.6).
+"""The GPT model: token ids [B, T] -> logits [B, T, V] (the chapter's full route; LLMs-from-scratch ch04).
 
 tok_emb(idx) + pos_emb(positions) -> dropout -> L transformer blocks -> final LayerNorm -> bias-free head D -> V.
 The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the positions and the
@@ -33,7 +33,7 @@ class GPTModel(nn.Module):
     Weight init follows GPT-2: every linear and embedding weight ~ N(0, 0.02), biases 0, LayerNorm scale 1 / shift
     0, and the two projections that write into the residual stream (attention ``out_proj`` and the FFN's second
     linear) ~ N(0, 0.02 / sqrt(2L)), so that the residual sum of 2L branches keeps its scale at init.
-    With ``tie_weights`` the head and the token embedding are one ``Parameter`` (seed 000 §6.6): not a copy.
+    With ``tie_weights`` the head and the token embedding are one ``Parameter`` (the chapter's point): not a copy.
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -183,7 +183,7 @@ class _Placeholder(nn.Module):
 
 
 class DummyGPTModel(nn.Module):
-    """The seed's interface check (seed 000, start of the chapter): the full id -> logits route with placeholder
+    """The chapter's interface check (its first model, as upstream): the id -> logits route with placeholder
     blocks and norm, so shapes can be checked before the real modules exist. [B, T] -> [B, T, V]."""
 
     def __init__(self, config: GPTConfig) -> None:

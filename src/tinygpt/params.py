@@ -1,4 +1,4 @@
-"""The parameter formula of seed 000 §6.7, computed from the config alone (no tensor is allocated).
+"""The chapter's parameter formula (12D^2 + 10D per block), computed from the config alone (no tensor is allocated).
 
 Per block: attention 3D^2 (fused QKV) + D^2 + D (output projection with bias) = 4D^2 + D, plus 3D with qkv_bias;
 feed-forward D*4D + 4D + 4D*D + D = 8D^2 + 5D; two LayerNorms 4D. Together 12D^2 + 10D.

@@ -3,7 +3,7 @@
 The order is the usual one (and Hugging Face's): repetition penalty on the raw logits, then temperature, then the
 top-k and top-p filters on the tempered logits, then softmax and one multinomial draw per row. Temperature 0 skips
 everything after the penalty and takes the argmax, so greedy decoding is the temperature -> 0 limit and stays
-exactly the seeds' argmax (seed 000 §6.9). Every function here works on a whole batch and does no validation: the
+exactly the chapter's argmax. Every function here works on a whole batch and does no validation: the
 settings are checked once, in ``GenerationConfig``.
 """
 

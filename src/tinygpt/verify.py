@@ -1,10 +1,10 @@
 """Alignment checks: the same weights in tinygpt and in a reference implementation give the same numbers.
 
-Seed 000 §6.8: equal parameter counts do not prove equal computation; copy the weights over and compare logits
+As the chapter says: equal parameter counts do not prove equal computation; copy the weights over and compare logits
 (strings alone can hide differences, since two different score vectors may share an argmax).
 
 References (test extras, never runtime dependencies):
-- ``upstream``: ``llms_from_scratch.ch04.GPTModel`` (the seeds' upstream), with its three separate Q/K/V linears;
+- ``upstream``: ``llms_from_scratch.ch04.GPTModel`` (LLMs-from-scratch ch04), with its three separate Q/K/V linears;
 - ``hf``: ``transformers.GPT2LMHeadModel`` (pre-LN), ``transformers.OpenAIGPTModel`` (GPT-1, post-LN) and
   ``transformers.LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE, GQA, no bias), the last imported through
   ``tinygpt.interop.llama``.
@@ -76,7 +76,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _greedy_reference(model: torch.nn.Module, idx: torch.Tensor, steps: int, context: int) -> torch.Tensor:
-    """The seeds' loop over any model whose call returns logits (or an object with ``.logits``)."""
+    """The chapter's greedy loop over any model whose call returns logits (or an object with ``.logits``)."""
     with torch.no_grad():
         for _ in range(steps):
             out = model(idx[:, -context:])
@@ -112,7 +112,7 @@ def check_upstream(config: GPTConfig, dtype: torch.dtype, tolerance: float, seed
     }
     for i in range(config.n_layers):
         ob, ub = f"trf_blocks.{i}.", f"trf_blocks.{i}."
-        # The fused QKV weight [3D, D] splits along its output axis into W_query, W_key, W_value (seed 000 §6.8).
+        # The fused QKV weight [3D, D] splits along its output axis into W_query, W_key, W_value (upstream's).
         for part, chunk in zip(("W_query", "W_key", "W_value"), sd[ob + "att.qkv.weight"].split(d, dim=0)):
             mapped[f"{ub}att.{part}.weight"] = chunk
         if config.qkv_bias:
@@ -274,7 +274,7 @@ def _load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None
 
 
 def verify_upstream() -> list[CheckResult]:
-    """The seed's alignment check (tiny config, float64, <= 1e-7) plus a gpt2-small shape with qkv_bias in float32."""
+    """The chapter's alignment check (tiny config, float64, <= 1e-7) plus a gpt2-small shape with qkv_bias in float32."""
     return [
         check_upstream(get_config("tiny"), torch.float64, 1e-7),
         check_upstream(get_config("gpt2-small", qkv_bias=True), torch.float32, 1e-4),

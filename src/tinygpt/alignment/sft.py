@@ -1,4 +1,4 @@
-"""Supervised fine-tuning (stage two of the seeds' four): next-token loss on the response tokens only.
+"""Supervised fine-tuning (stage two of the chapter overview's four): next-token loss on the response tokens only.
 
 Each example is the Alpaca prompt + the response + end-of-text (``data``, ``batches``). The loss is the usual
 cross-entropy of the pretraining loop, but prompt and padding targets are -100, so they contribute nothing -- not a

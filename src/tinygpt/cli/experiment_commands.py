@@ -1,4 +1,4 @@
-"""The seeds' experiments: `experiment NAME`."""
+"""The chapter's and the block lesson's experiments: `experiment NAME`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from .common import Parser
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="the seeds' experiments: print a table, write a PNG and a JSON")
+    p = sub.add_parser("experiment", help="the chapter's and the block lesson's experiments: print a table, write "
+                                          "PNGs and a JSON")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", metavar="DIR", help="output directory (default: runs/experiments/NAME)")
     common.add_argument("--seed", type=int, default=123, help="random seed (default: 123)")
@@ -20,16 +21,26 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
                                      "by the character count; default C=64 D=64 H=4 L=12)")
     pp.add_argument("--data", metavar="FILE", help="UTF-8 training text (default: the embedded corpus)")
     pp.add_argument("--max-chars", type=int, default=400_000, help="characters of text used (default: 400000)")
+    pp.add_argument("--init", choices=("xavier", "gpt2"), default="xavier",
+                    help="weight init of the trained models: xavier (the original Transformer's: Xavier-uniform "
+                         "linears, N(0, 1) embeddings) or gpt2 (N(0, 0.02)) (default: xavier)")
+    pp.add_argument("--seeds", type=int, default=3,
+                    help="seeds of the main cell (--seed, --seed + 1, ...) (default: 3)")
     pp.add_argument("--steps", type=int, default=300, help="training steps per model; 0 skips training (default: 300)")
     pp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
-    pp.add_argument("--seq-len", type=int, default=64, help="characters per sequence (default: 64)")
-    pp.add_argument("--lr", type=float, default=3e-4, help="constant AdamW learning rate (default: 3e-4)")
+    pp.add_argument("--seq-len", type=int, default=32, help="characters per sequence (default: 32)")
+    pp.add_argument("--lr", type=float, default=1e-3, help="constant AdamW learning rate after the warmup "
+                                                          "(default: 1e-3)")
     pp.add_argument("--warmup", type=int, default=100,
-                    help="linear warmup steps of the third run, post-LN with warmup (default: 100)")
-    pp.add_argument("--profile-depths", type=_int_list, default=(6, 12, 24), metavar="N,N,...",
-                    help="depths of the gradient profile at init (default: 6,12,24)")
+                    help="linear warmup steps of the two warmup runs (default: 100)")
+    pp.add_argument("--contrast-depths", type=_int_list, default=(6,), metavar="N,N,...",
+                    help="shallower cells, pre-LN and post-LN without warmup, one seed; 0 for none (default: 6)")
+    pp.add_argument("--control-init", choices=("gpt2", "xavier", "none"), default="gpt2",
+                    help="the control cell's init, pre-LN and post-LN without warmup, one seed (default: gpt2)")
+    pp.add_argument("--profile-depths", type=_int_list, default=(2, 6, 12, 24), metavar="N,N,...",
+                    help="depths of the gradient profile and the one-step change at init (default: 2,6,12,24)")
     pp.add_argument("--sweep", action="store_true",
-                    help="also train the three runs at every --sweep-depths x --sweep-lrs "
+                    help="also train the four runs at every --sweep-depths x --sweep-lrs, one seed "
                          "(the evidence in docs/experiments.md)")
     pp.add_argument("--sweep-depths", type=_int_list, default=(6, 12), metavar="N,N,...",
                     help="depths of the sweep (default: 6,12)")
@@ -73,7 +84,9 @@ def _run_experiment(args: argparse.Namespace) -> int:
     if name == "prepost":
         report = experiments.run_prepost(
             **common, config=args.config, data=args.data, max_chars=args.max_chars, steps=args.steps,
-            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
+            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, init=args.init,
+            seeds=args.seeds, contrast_depths=tuple(d for d in args.contrast_depths if d != 0),
+            control_init=None if args.control_init == "none" else args.control_init,
             profile_depths=args.profile_depths, sweep=args.sweep, sweep_depths=args.sweep_depths,
             sweep_lrs=args.sweep_lrs, sweep_steps=args.sweep_steps,
             progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -71,7 +71,7 @@ def _run_params(args: argparse.Namespace) -> int:
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="prove the math: copy weights into a reference implementation, compare logits")
     p.add_argument("reference", choices=["upstream", "hf"],
-                   help="upstream = llms_from_scratch ch04 (the seeds'), hf = Hugging Face transformers")
+                   help="upstream = llms_from_scratch ch04 (the chapter's code), hf = Hugging Face transformers")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=_run_verify)
 

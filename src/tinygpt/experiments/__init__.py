@@ -1,4 +1,5 @@
-"""The seeds' demonstrations as reproducible experiments: each prints a table and writes a PNG and a JSON.
+"""The chapter's and the block lesson's demonstrations as reproducible experiments: each prints a table and
+writes a PNG and a JSON.
 
 ``run_NAME(out=None, seed=123, ...)`` returns an ``ExperimentReport`` (the printed text, the JSON data, the files);
 ``tinygpt experiment NAME`` calls the same function.

@@ -1,4 +1,4 @@
-"""Seed 000 §6.3: GELU against ReLU (and SiLU, LLaMA's activation, seed 002 §5), with their derivatives.
+"""GELU against ReLU, as the chapter draws them (and SiLU, LLaMA's activation), with their derivatives.
 
 GELU(x) = x * Phi(x) exactly (``erf``); GPT-2 uses the tanh approximation. The curves show shape only -- the seed
 warns they say nothing about which trains better. The printed figures are the largest gap between the exact and
@@ -97,11 +97,11 @@ def run_activations(out: str | Path | None = None, seed: int = 123) -> Experimen
         f"the tanh approximation stays within {gap.max().item():.2e} of the exact GELU on [-4, 4] "
         f"(largest near x = {gap_at:+.2f})",
         f"a float32 sqrt(2/pi) in a float64 computation moves the output by up to {f32_constant:.2e}: the order of "
-        "the seed's 2.39e-9 upstream logits difference (seed 000 §6.3/§6.8)"
+        "the chapter's 2.39e-9 upstream logits difference"
         + ("" if upstream_gap is None
            else f"; the installed upstream GELU differs from the formula by {upstream_gap:.2e}"),
-        "GELU and SiLU let small negative inputs through (minimum below 0) while ReLU clips them to 0, as seed 000 "
-        "§6.3 describes; the curves show shape, not training quality",
+        "GELU and SiLU let small negative inputs through (minimum below 0) while ReLU clips them to 0, as the chapter "
+        "describes; the curves show shape, not training quality",
     ]
 
     fig = new_figure(13, 4.2)

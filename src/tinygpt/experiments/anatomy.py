@@ -1,14 +1,14 @@
-"""Where the parameters and the training memory of each preset go (seed 000 §6.7, seed 002 exercise 1).
+"""Where the parameters and the training memory of each preset go (the chapter's counts; the block lesson's exercise 1).
 
 Parameter counts come from ``count_parameters`` (the formula N = 2VD + CD + L(12D^2 + 10D) + 2D and its breakdown),
 so no tensor is allocated. Memory for training with AdamW, per parameter: the weight, its gradient, and AdamW's two
 moment tensors (``exp_avg``, ``exp_avg_sq``, kept in the parameter's dtype by ``torch.optim.AdamW``): 4 copies, i.e.
 16 bytes at float32 and 8 bytes at bfloat16 (activations, which depend on batch and sequence length, are not
-counted). In the seeds' upstream each block also holds its causal mask as a buffer, C*C float32 values: not a
-parameter, but memory (seed 000 §6.7), and the table shows what those cost; tinygpt keeps none (it builds a mask per
+counted). In LLMs-from-scratch's chapter 4 each block also holds its causal mask as a buffer, C*C float32 values: not a
+parameter, but memory (the chapter notes it), and the table shows what those cost; tinygpt keeps none (it builds a mask per
 call, for the call's positions, and only where a plain causal attention does not do).
 
-Savings: tying the head to the token embedding removes V*D. Bias-free linears (seed 002 exercise 1: ``bias=False``
+Savings: tying the head to the token embedding removes V*D. Bias-free linears (block lesson, exercise 1: ``bias=False``
 on every linear of the block, as modern open-weight LLMs do) remove, per block, the fused QKV bias ((H + 2Hkv)hd =
 3D without GQA, only where ``qkv_bias`` is set) + D (attention output projection) + gF + D (the FFN's linears, g = 2
 for SwiGLU, F = 4D for GPT-2); the head already has no bias. The config's ``bias=False`` switch goes further and also
@@ -123,7 +123,7 @@ def run_anatomy(out: str | Path | None = None, seed: int = 123,
         "(8D^2 + 5D) / (4D^2 + D) -> 2 as D grows",
         "training memory with AdamW = 4 copies of the parameters (weight, gradient, two moments): 16 bytes each at "
         "float32, 8 at bfloat16; activations not included",
-        f"seed 002 exercise 1 (12 layers x 768): bias-free linears save L * 6D = {ex_plain:,} parameters with "
+        f"the block lesson's exercise 1 (12 layers x 768): bias-free linears save L * 6D = {ex_plain:,} parameters with "
         "tinygpt's "
         f"default bias-free QKV, or L * 9D = {ex_qkv:,} when the QKV projection has a bias (GPT-2 as released); "
         f"computed from the formula; the config's bias=False switch also drops the LayerNorm shifts: "

@@ -1,4 +1,4 @@
-"""Seed 002 exercise 3: every head's attention weights in one layer, and the check that the future is masked.
+"""The block lesson's exercise 3: every head's attention weights in one layer, and the check that the future is masked.
 
 The weights come from the model itself: the embedding and the blocks before the chosen layer run as usual, and at
 the chosen layer the block's own ``MultiHeadAttention`` is called with ``return_weights=True`` on exactly the input

@@ -1,9 +1,9 @@
-"""Seed 000 §6.2: LayerNorm's variance convention and what the trainable scale/shift do to the statistics.
+"""The chapter's LayerNorm example: the variance convention and what the trainable scale/shift do to the statistics.
 
 x = [1, 3]: mean 2; the biased (population) variance divides by D and is 1, giving [-1, 1]; the unbiased sample
 variance divides by D - 1 and is 2, giving [-1/sqrt 2, 1/sqrt 2]. Then a batch of vectors goes through the
 normalisation step and through a full layer whose scale/shift look trained (drawn around 1 and 0): only the
-normalisation step produces mean 0 / variance 1 per position; the full layer's output does not (the seed's warning).
+normalisation step produces mean 0 / variance 1 per position; the full layer's output does not (the chapter's warning).
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ def run_layernorm(out: str | Path | None = None, seed: int = 123) -> ExperimentR
     agrees = torch.equal(biased, torch.tensor([-1.0, 1.0], dtype=torch.float64))
     findings = [
         f"biased variance gives {biased.tolist()} and unbiased gives {[round(v, 4) for v in unbiased.tolist()]}; "
-        + ("agrees with seed 000 §6.2" if agrees else "DISAGREES with seed 000 §6.2 ([-1, 1] expected)"),
+        + ("agrees with the chapter" if agrees else "DISAGREES with the chapter ([-1, 1] expected)"),
         f"with eps = 1e-5 the [1, 3] output is {variants['biased var, eps 1e-5 (tinygpt.LayerNorm)'][0][1].item():.6f}"
         " rather than 1: the normalised variance is only close to 1",
         f"normalisation alone: max |mean| {stat_rows[1][2]:.1e}, max |var - 1| {stat_rows[1][4]:.1e}; after a "
         f"trained-looking scale/shift: max |mean| {stat_rows[2][2]:.2f}, max |var - 1| {stat_rows[2][4]:.2f} -- "
-        "the full layer's output is not mean 0 / variance 1, as seed 000 §6.2 warns",
+        "the full layer's output is not mean 0 / variance 1, as the chapter warns",
     ]
 
     fig = new_figure(11, 3.8)

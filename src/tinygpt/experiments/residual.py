@@ -1,10 +1,10 @@
-"""Seed 000 §6.4: shortcuts give the gradient a direct path, dy/dx = I + df/dx.
+"""The chapter's shortcut experiment: shortcuts give the gradient a direct path, dy/dx = I + df/dx.
 
 The upstream ch04 example network: five layers of widths 3->3->3->3->3->1, each ``Linear`` followed by GELU, with
 a shortcut ``x + layer(x)`` only where the input and output shapes match (not in the last layer, 3 -> 1). One input
 [[1., 0., -1.]], target [[0.]], MSE loss, one backward pass; the measure is the mean absolute gradient of each
 layer's weight. Both networks are built right after the same ``torch.manual_seed``, so their weights are identical
-and the shortcut is the only difference (the seed's condition for reading the comparison).
+and the shortcut is the only difference (the chapter's condition for reading the comparison).
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ def run_residual(out: str | Path | None = None, seed: int = 123) -> ExperimentRe
         f"({first_ratio:,.0f}x larger)",
         f"last/first layer gradient ratio: {spread_plain:,.1f} without shortcuts (the gradient shrinks towards the "
         f"input), {spread_shortcut:,.1f} with shortcuts",
-        "agrees with seed 000 §6.4: the identity term keeps the early layers' gradients from vanishing"
+        "agrees with the chapter: the identity term keeps the early layers' gradients from vanishing"
         if first_ratio > 1 else
-        "DISAGREES with seed 000 §6.4: the shortcut did not enlarge the first layer's gradient for this seed",
+        "DISAGREES with the chapter: the shortcut did not enlarge the first layer's gradient for this seed",
     ]
 
     fig = new_figure(7.5, 4.2)

@@ -1,0 +1,237 @@
+"""Draw the guide's pictures that no experiment writes, each in English and in Chinese.
+
+    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|prepost] [--prepost DIR ...]
+
+- ``gelu_relu.png`` / ``gelu_relu_zh.png``: GELU (tanh, as GPT-2) against ReLU, and their derivatives (guide page 3).
+- ``attention_trained.png`` / ``attention_trained_zh.png``: every head's attention weights in both layers of a small
+  character model trained here for a few hundred steps on the embedded corpus (guide page 10, exercise 3). CPU,
+  one thread: about a minute.
+- ``prepost_*_zh.png``: the figures of ``tinygpt experiment prepost`` with Chinese labels, redrawn from the
+  ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure).
+
+The Chinese labels need a font with CJK glyphs (Noto Sans CJK, Source Han Sans, WenQuanYi Micro Hei, ...; on Debian
+``apt-get install fonts-wqy-microhei``); the script says so and stops if none is installed. The diagrams of the
+guide (the block, the route from ids to logits, the KV cache) are Mermaid in the pages themselves, and the pre-LN
+figures come from ``tinygpt experiment prepost`` (English labels), redrawn here in Chinese.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from matplotlib import font_manager
+
+from tinygpt import CharTokenizer, GPTConfig, GPTModel
+from tinygpt.corpus import embedded_corpus_text
+from tinygpt.experiments import prepost_figures
+from tinygpt.experiments.attention import attention_weights
+from tinygpt.figures import new_figure, save_png
+from tinygpt.layers import gelu_tanh_formula
+
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
+             "SimHei", "Microsoft YaHei", "PingFang SC", "Heiti SC")
+TEXT = {
+    "en": {"gelu_title": "GELU (tanh approximation, GPT-2) and ReLU", "deriv_title": "their derivatives",
+           "x": "x", "y": "f(x)", "dy": "f'(x)", "gelu": "GELU", "relu": "ReLU",
+           "min": "GELU's minimum {v:.3f} at x = {x:.2f}",
+           "att_title": "layer {layer}, head {head}", "query": "query position (reads)",
+           "key": "key position (is read)",
+           "att_suptitle": "attention weights of a trained 2-layer character model (each row sums to 1; above the "
+                           "diagonal: exactly 0, the causal mask)"},
+    "zh": {"gelu_title": "GELU（tanh 近似，GPT-2 所用）与 ReLU", "deriv_title": "二者的导数",
+           "x": "x", "y": "f(x)", "dy": "f'(x)", "gelu": "GELU", "relu": "ReLU",
+           "min": "GELU 的最小值 {v:.3f}，位于 x = {x:.2f}",
+           "att_title": "第 {layer} 层，第 {head} 个头", "query": "query 位置（读取方）",
+           "key": "key 位置（被读取方）",
+           "att_suptitle": "训练过的两层字符级模型的注意力权重（每行之和为 1；对角线以上恰为 0：因果掩码）"},
+}
+PROMPT = "def forward(self, x):\n    return self.linear(x)"
+# The prepost figures' English texts and their Chinese (applied longest first, so a phrase wins over its words).
+PREPOST_ZH = (
+    ("measured pre-LN / post-LN", "实测 pre-LN / post-LN"), ("10x (exercise 5's expectation)", "10 倍（练习 5 的预期）"),
+    ("1x (equal)", "1 倍（相等）"), ("block index (0 = stack input)", "block 序号（0 = 堆叠的输入）"),
+    ("||dL/d input|| pre-LN / post-LN", "||dL/d 输入|| pre-LN / post-LN"),
+    ("blocks, same weights: gradient ratio at each block's input", "个 block、相同权重：每个 block 输入处的梯度比值"),
+    ("block (1 = next to the embeddings)", "block（1 = 紧挨 embedding）"),
+    ("||dL/dW2|| at init (log scale)", "初始化时的 ||dL/dW2||（对数轴）"),
+    ("gradient per block at init,", "初始化时每个 block 的梯度，"), (" layers", " 层"),
+    ("one AdamW step", "一步 AdamW"), ("how far the output moves", "输出移动了多远"),
+    ("KL(before || after), nats (log scale)", "KL(更新前 || 更新后)，nat（对数轴）"),
+    ("pre-LN + warmup", "pre-LN + warmup"), ("init", "初始化"), ("unigram entropy", "一元熵"),
+    ("cross-entropy (nats / char)", "交叉熵（nat / 字符）"), ("step", "步"),
+    ("band:", "阴影："), ("seeds' min-max", "个种子的最小–最大"),
+    ("mean loss of the last 10% of steps", "最后 10% 步的平均损失"), ("final loss per seed", "每个种子的最终损失"),
+    ("cell (depth, init)", "单元（深度，初始化）"), ("||dL/d tok_emb|| (log scale)", "||dL/d tok_emb||（对数轴）"),
+    ("token-embedding gradient norm (mean over seeds)", "token embedding 的梯度范数（种子平均）"),
+    ("loss at step 0 (x: diverged)", "第 0 步的损失（x：发散）"), ("learning rate (log scale)", "学习率（对数轴）"),
+    ("mean loss, last 10% of steps (nats / char)", "最后 10% 步的平均损失（nat / 字符）"), ("layers", "层数"),
+)
+
+
+def _zh(text: str) -> str:
+    for en, zh in sorted(PREPOST_ZH, key=lambda pair: -len(pair[0])):
+        text = text.replace(en, zh)
+    return text
+
+
+def translated(fig, font: str):
+    """``fig`` with every title, axis label, legend entry and tick label put through ``PREPOST_ZH``."""
+    for ax in fig.axes:
+        ax.set_title(_zh(ax.get_title()), fontfamily=font)
+        ax.set_xlabel(_zh(ax.get_xlabel()), fontfamily=font)
+        ax.set_ylabel(_zh(ax.get_ylabel()), fontfamily=font)
+        legend = ax.get_legend()
+        for text in legend.get_texts() if legend else ():
+            text.set_text(_zh(text.get_text()))
+            text.set_fontfamily(font)
+        for label in ax.get_xticklabels():
+            label.set_text(_zh(label.get_text()))
+            label.set_fontfamily(font)
+    return fig
+
+
+def prepost_figures_zh(directories: list[Path], font: str) -> dict:
+    """The Chinese prepost figures from each folder's ``prepost.json``: {file name: Figure}."""
+    figures = {}
+    for directory in directories:
+        data = json.loads((directory / "prepost.json").read_text(encoding="utf-8"))
+        plateau = data["unigram_entropy"]
+        figures["prepost_gradients_zh.png"] = prepost_figures.gradient_figure(data["stacks"]["results"])
+        if "init_profile" in data and len(data["init_profile"]["grad_norm_per_block"]["gpt2"]) > 1:
+            profile = data["init_profile"]["grad_norm_per_block"]
+            figures["prepost_profile_zh.png"] = prepost_figures.profile_figure(profile)
+            figures["prepost_mechanism_zh.png"] = prepost_figures.mechanism_figure(
+                profile, data["one_step_change"]["kl"], data["one_step_change"]["lr"])
+        if "training" in data:
+            t = data["training"]
+            figures["prepost_training_zh.png"] = prepost_figures.training_figure(t["cells"], plateau, t["lr"],
+                                                                                 t["warmup"])
+        if "sweep" in data:
+            figures["prepost_sweep_zh.png"] = prepost_figures.sweep_figure(data["sweep"]["cells"], plateau)
+    return {name: translated(fig, font) for name, fig in figures.items()}
+
+
+def cjk_font() -> str:
+    for attempt in range(2):
+        available = {f.name for f in font_manager.fontManager.ttflist}
+        for name in CJK_FONTS:
+            if name in available:
+                return name
+        # matplotlib's font cache predates a font installed since: add the system's CJK font files by name.
+        for path in font_manager.findSystemFonts():
+            if any(k in Path(path).name.lower() for k in ("cjk", "wqy", "sourcehan", "simhei", "msyh", "pingfang")):
+                font_manager.fontManager.addfont(path)
+    sys.exit("make.py: error: no font with Chinese glyphs is installed (tried: " + ", ".join(CJK_FONTS)
+             + "); install one, e.g. `apt-get install fonts-wqy-microhei`, then run again")
+
+
+def _font(lang: str, font: str | None) -> dict:
+    return {"fontfamily": font} if lang == "zh" and font else {}
+
+
+def gelu_figure(lang: str, font: str | None):
+    t = TEXT[lang]
+    kw = _font(lang, font)
+    x = torch.linspace(-4, 4, 801, dtype=torch.float64, requires_grad=True)
+    fig = new_figure(11, 4)
+    ax_f, ax_d = fig.subplots(1, 2)
+    for name, fn, style in (("gelu", gelu_tanh_formula, "-"), ("relu", F.relu, "--")):
+        y = fn(x)
+        (dy,) = torch.autograd.grad(y.sum(), x)
+        ax_f.plot(x.detach(), y.detach(), style, label=t[name])
+        ax_d.plot(x.detach(), dy, style, label=t[name])
+    y = gelu_tanh_formula(x).detach()
+    i = int(y.argmin())
+    ax_f.plot([x[i].item()], [y[i].item()], "o", color="black", ms=4)
+    ax_f.annotate(t["min"].format(v=y[i].item(), x=x[i].item()), (x[i].item(), y[i].item()),
+                  xytext=(-3.9, 1.2), arrowprops={"arrowstyle": "->"}, **kw)
+    for ax, title, ylabel in ((ax_f, t["gelu_title"], t["y"]), (ax_d, t["deriv_title"], t["dy"])):
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.axvline(0, color="gray", lw=0.5)
+        ax.set_title(title, **kw)
+        ax.set_xlabel(t["x"], **kw)
+        ax.set_ylabel(ylabel, **kw)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def trained_model(steps: int = 600, seed: int = 123) -> tuple[GPTModel, CharTokenizer]:
+    """A 2-layer character model (C=64, D=64, H=4) trained ``steps`` AdamW steps on the embedded corpus."""
+    text = embedded_corpus_text(max_chars=300_000)
+    tokenizer = CharTokenizer(text)
+    ids = torch.tensor(tokenizer.encode(text))
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
+    torch.manual_seed(seed)
+    model = GPTModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - 65, (32,), generator=generator)
+        window = ids[starts[:, None] + torch.arange(65)]  # [B, 65]
+        loss = F.cross_entropy(model(window[:, :-1]).flatten(0, 1), window[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 200 == 0 or step == steps - 1:
+            print(f"  attention model step {step:4d} loss {loss.item():.3f}", file=sys.stderr)
+    return model.eval(), tokenizer
+
+
+def attention_figure(model: GPTModel, tokenizer: CharTokenizer, lang: str, font: str | None):
+    t = TEXT[lang]
+    kw = _font(lang, font)
+    idx = torch.tensor([tokenizer.encode(PROMPT)])
+    chars = [repr(c)[1:-1] if c in "\n\t" else (c if c != " " else "␣") for c in PROMPT]
+    n_layers, n_heads = len(model.trf_blocks), model.config.n_heads
+    fig = new_figure(4.2 * n_heads, 4.4 * n_layers + 0.6)
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    with torch.no_grad():
+        for layer in range(n_layers):
+            weights, _ = attention_weights(model, idx, layer)  # [1, H, T, T]
+            for head in range(n_heads):
+                ax = axes[layer][head]
+                ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
+                ax.set_xticks(range(len(chars)), chars, fontsize=5, fontfamily="monospace")
+                ax.set_yticks(range(len(chars)), chars, fontsize=5, fontfamily="monospace")
+                ax.set_title(t["att_title"].format(layer=layer, head=head), fontsize=9, **kw)
+                ax.set_xlabel(t["key"], fontsize=8, **kw)
+                ax.set_ylabel(t["query"], fontsize=8, **kw)
+    fig.suptitle(t["att_suptitle"], fontsize=10, **kw)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder (default: docs/images)")
+    parser.add_argument("--only", choices=("gelu", "attention", "prepost"), help="draw one picture (both languages)")
+    parser.add_argument("--prepost", action="append", default=[], metavar="DIR",
+                        help="an output folder of `tinygpt experiment prepost` to redraw in Chinese (repeatable)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    font = cjk_font()
+    written = []
+    if args.only in (None, "gelu"):
+        for lang in ("en", "zh"):
+            written.append(save_png(gelu_figure(lang, font), out / f"gelu_relu{'' if lang == 'en' else '_zh'}.png"))
+    if args.only in (None, "attention"):
+        model, tokenizer = trained_model()
+        for lang in ("en", "zh"):
+            fig = attention_figure(model, tokenizer, lang, font)
+            written.append(save_png(fig, out / f"attention_trained{'' if lang == 'en' else '_zh'}.png"))
+    if args.only in (None, "prepost"):
+        for name, fig in prepost_figures_zh([Path(d) for d in args.prepost], font).items():
+            written.append(save_png(fig, out / name))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
