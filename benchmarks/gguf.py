@@ -1,0 +1,129 @@
+"""GGUF export accuracy: ``python -m benchmarks.gguf [--preset gpt2-small] [--json PATH]``.
+
+A random model of the preset (GPT-2 as released: QKV bias, tied head; seed 0) with GPT-2's vocabulary is written as
+GGUF at each type (f32, f16, q8_0, q4_0) and read back; for each the table gives the file size, the largest logit
+error against tinygpt's float32 logits on a fixed prompt, and how many of the greedy tokens (from the same prompt)
+agree before the first difference. The f32 file is also checked for an exact round trip, against transformers' GGUF
+loader and, when llama-cpp-python is installed, against llama.cpp itself (logits and greedy tokens, each type).
+
+Random weights make near-uniform logits, where a small error flips the argmax sooner than in a trained model: the
+greedy agreement here is a lower bound. The GPT-2 vocabulary is read from ``$TINYGPT_GPT2_VOCAB`` or the shared
+data folder (``common.shared_data_dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tinygpt import GPTModel, generate_greedy, get_config
+from tinygpt.interop.gguf import GGUF_TYPES, load_gguf, write_gguf
+from tinygpt.tokenizer import gpt2_tokenizer
+
+from .common import format_table, run_and_report, shared_data_dir
+
+PROMPT = "The history of the printing press begins in the fifteenth century, when"
+
+
+def _agreeing(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _llama_cpp(path: Path, ids: list[int], new_tokens: int, context: int) -> tuple[np.ndarray, list[int]] | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(str(path), n_ctx=context, logits_all=True, verbose=False, n_threads=1)
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)])
+    llm.reset()
+    greedy = [int(t) for t, _ in zip(llm.generate(ids, temp=0.0, top_k=1), range(new_tokens))]
+    return logits, greedy
+
+
+def measure(preset: str, new_tokens: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    vocab = os.environ.get("TINYGPT_GPT2_VOCAB") or shared_data_dir() / "gpt2"
+    tokenizer = gpt2_tokenizer(vocab)
+    config = get_config(preset).replace(vocab_size=tokenizer.vocab_size, qkv_bias=True, tie_weights=True)
+    model = GPTModel(config).eval()
+    ids = tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        exact = model(torch.tensor([ids]))[0]
+    ours = generate_greedy(model, torch.tensor([ids]), new_tokens)[0, len(ids):].tolist()
+    rows, checks = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in GGUF_TYPES:
+            path = Path(tmp) / f"{kind}.gguf"
+            start = time.perf_counter()
+            write_gguf(model, path, tokenizer, type=kind)
+            seconds = time.perf_counter() - start
+            back = load_gguf(path)[0]
+            with torch.no_grad():
+                logits = back(torch.tensor([ids]))[0]
+            greedy = generate_greedy(back, torch.tensor([ids]), new_tokens)[0, len(ids):].tolist()
+            row = {"type": kind, "file_mb": path.stat().st_size / 1e6, "write_s": seconds,
+                   "max_abs_logit_error": (logits - exact).abs().max().item(),
+                   "greedy_agree": _agreeing(greedy, ours), "greedy_of": new_tokens,
+                   "greedy_text": tokenizer.decode(greedy)}
+            if kind == "f32":
+                state, again = model.state_dict(), back.state_dict()
+                checks["f32_round_trip_exact"] = back.config == config and all(
+                    torch.equal(state[k], again[k]) for k in state)
+                checks["transformers_max_abs_diff"] = _transformers(path, config, ids, exact)
+            cpp = _llama_cpp(path, ids, new_tokens, config.context_length)
+            if cpp is not None:
+                row["llama_cpp_max_abs_diff_vs_f32"] = float(np.abs(cpp[0] - exact.numpy()).max())
+                row["llama_cpp_greedy_agree"] = _agreeing(cpp[1], ours)
+            rows.append(row)
+            del back
+    return {"preset": preset, "config": config.to_dict(), "prompt": PROMPT, "prompt_tokens": len(ids),
+            "tinygpt_greedy_text": tokenizer.decode(ours), "rows": rows, **checks}
+
+
+def _transformers(path: Path, config: Any, ids: list[int], exact: torch.Tensor) -> float | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    hf_config = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.context_length,
+                                        n_ctx=config.context_length, n_embd=config.emb_dim, n_layer=config.n_layers,
+                                        n_head=config.n_heads)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=hf_config).eval()
+    with torch.no_grad():
+        return (hf(torch.tensor([ids])).logits[0] - exact).abs().max().item()
+
+
+def table(result: dict[str, Any]) -> str:
+    columns = [("type", "type"), ("file_mb", "file MB"), ("write_s", "write s"),
+               ("max_abs_logit_error", "max |logit error| vs f32"), ("greedy_agree", "greedy tokens agreeing"),
+               ("llama_cpp_max_abs_diff_vs_f32", "llama.cpp max |diff|"), ("llama_cpp_greedy_agree", "llama.cpp greedy")]
+    lines = [f"{result['preset']} (random weights, GPT-2 vocabulary), prompt of {result['prompt_tokens']} tokens, "
+             f"{result['rows'][0]['greedy_of']} greedy tokens",
+             format_table(result["rows"], columns),
+             f"f32 round trip exact: {result['f32_round_trip_exact']}; transformers' GGUF loader max |diff|: "
+             f"{result['transformers_max_abs_diff']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="gpt2-small", help="a tinygpt preset (default: gpt2-small)")
+    parser.add_argument("--new-tokens", type=int, default=20, help="greedy tokens compared (default: 20)")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    return run_and_report(parser, lambda: measure(args.preset, args.new_tokens), table, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
