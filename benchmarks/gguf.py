@@ -78,7 +78,7 @@ def measure(preset: str, new_tokens: int) -> dict[str, Any]:
                 state, again = model.state_dict(), back.state_dict()
                 checks["f32_round_trip_exact"] = back.config == config and all(
                     torch.equal(state[k], again[k]) for k in state)
-                checks["transformers_max_abs_diff"] = _transformers(path, config, ids, exact)
+                checks.update(_transformers(model, path, config, ids, exact))
             cpp = _llama_cpp(path, ids, new_tokens, config.context_length)
             if cpp is not None:
                 row["llama_cpp_max_abs_diff_vs_f32"] = float(np.abs(cpp[0] - exact.numpy()).max())
@@ -89,18 +89,29 @@ def measure(preset: str, new_tokens: int) -> dict[str, Any]:
             "tinygpt_greedy_text": tokenizer.decode(ours), "rows": rows, **checks}
 
 
-def _transformers(path: Path, config: Any, ids: list[int], exact: torch.Tensor) -> float | None:
+def _transformers(model: GPTModel, path: Path, config: Any, ids: list[int], exact: torch.Tensor) -> dict[str, Any]:
+    """transformers' GGUF loader on the f32 file against tinygpt, and against transformers on the same weights
+    from a safetensors folder (``export_hf``): the second difference is what the GGUF path itself adds."""
     try:
         import transformers
     except ImportError:
-        return None
+        return {}
+    from tinygpt.interop.hf import export_hf
+
     transformers.logging.set_verbosity_error()
     hf_config = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.context_length,
                                         n_ctx=config.context_length, n_embd=config.emb_dim, n_layer=config.n_layers,
                                         n_head=config.n_heads)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=hf_config).eval()
+    from_gguf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                  config=hf_config).eval()
+    export_hf(model, path.parent / "hf")
+    from_safetensors = transformers.GPT2LMHeadModel.from_pretrained(path.parent / "hf").eval()
     with torch.no_grad():
-        return (hf(torch.tensor([ids])).logits[0] - exact).abs().max().item()
+        a = from_gguf(torch.tensor([ids])).logits[0]
+        b = from_safetensors(torch.tensor([ids])).logits[0]
+    return {"transformers_max_abs_diff": (a - exact).abs().max().item(),
+            "transformers_gguf_vs_safetensors_max_abs_diff": (a - b).abs().max().item(),
+            "max_abs_logit": exact.abs().max().item()}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -111,7 +122,9 @@ def table(result: dict[str, Any]) -> str:
              f"{result['rows'][0]['greedy_of']} greedy tokens",
              format_table(result["rows"], columns),
              f"f32 round trip exact: {result['f32_round_trip_exact']}; transformers' GGUF loader max |diff|: "
-             f"{result['transformers_max_abs_diff']}"]
+             f"{result.get('transformers_max_abs_diff')} (max |logit| {result.get('max_abs_logit')}); the same "
+             f"transformers model from safetensors vs from GGUF: "
+             f"{result.get('transformers_gguf_vs_safetensors_max_abs_diff')}"]
     return "\n".join(lines)
 
 

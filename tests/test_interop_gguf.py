@@ -120,6 +120,8 @@ def test_the_cli_round_trip_with_a_chat_template(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path / "back"), "--prompt", "first", "--max-new-tokens", "8"]) == 0
     expected = generate_greedy(model, torch.tensor([tokenizer.encode("first")]), 8)
     assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
+    assert main(["generate", "--model", str(out), "--prompt", "first", "--max-new-tokens", "8"]) == 0  # the file
+    assert capsys.readouterr().out == tokenizer.decode(expected[0].tolist()) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ quantised

@@ -96,7 +96,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a saved model (greedy unless --temperature > 0)")
     p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
-                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
+                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, a hub name (gpt2, gpt2-medium, ...) or a "
+                        ".gguf file")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the text to continue; - reads it from stdin")
     source.add_argument("--prompt-file", metavar="PATH", help="read the text to continue from a UTF-8 file")
@@ -178,7 +179,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     if args.to_gguf is not None:
         if args.model is None or args.out is not None:
             raise CommandError("--to-gguf OUT.gguf takes the checkpoint as --model DIR (and no --out)")
-        from ..interop.gguf import convert_to_gguf
+        from ..interop.pretrained import convert_to_gguf
 
         try:
             convert_to_gguf(args.model, args.to_gguf, type=args.type, overwrite=args.force, warn=warn)
@@ -191,7 +192,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     if args.model is not None or args.type != "f32":
         raise CommandError("--model and --type apply to --to-gguf only")
     if args.from_gguf is not None:
-        from ..interop.gguf import convert_from_gguf
+        from ..interop.pretrained import convert_from_gguf
 
         try:
             files = convert_from_gguf(args.from_gguf, args.out, overwrite=args.force, warn=warn)

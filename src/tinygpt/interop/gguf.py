@@ -28,7 +28,6 @@ other weight is q8_0 / q4_0 / f16 (``gguf.quants.quantize``), or f16 when its ro
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -379,61 +378,3 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None,
     else:
         folder.cleanup()
     return model, tokenizer, contents.fields.get("tokenizer.chat_template")
-
-
-# ------------------------------------------------------------------------------------------------ conversions
-def read_chat_template(directory: str | Path) -> str | None:
-    """The ``chat_template`` of ``directory/tokenizer_config.json`` (a checkpoint's or a Hugging Face folder's)."""
-    path = Path(directory) / "tokenizer_config.json"
-    if not path.is_file():
-        return None
-    try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{path}: cannot read its chat_template ({err})") from None
-    if template is not None and not isinstance(template, str):
-        raise ValueError(f"{path}: chat_template must be one template string (named templates are not exported)")
-    return template
-
-
-def convert_to_gguf(source: str | Path, out: str | Path, *, type: str = "f32", overwrite: bool = False,
-                    warn: Callable[[str], None] = lambda message: None) -> None:
-    """A tinygpt checkpoint or Hugging Face GPT-2 folder -> one GGUF file ``out``, with its tokenizer and chat
-    template. An existing ``out`` is replaced only with ``overwrite``; nothing is written when anything fails."""
-    from ..fileio import OutputError, check_output_dir
-    from .pretrained import load_pretrained
-
-    require_gguf()
-    if type not in GGUF_TYPES:
-        raise ValueError(f"--type {type} is not a GGUF type tinygpt writes; allowed: {', '.join(GGUF_TYPES)}")
-    out = Path(out)
-    if out.is_dir():
-        raise OutputError(f"--to-gguf {out} is a folder; give the path of the .gguf file to write")
-    if out.exists() and not overwrite:
-        raise OutputError(f"--to-gguf {out} exists; pass --force to replace it")
-    check_output_dir(out.parent if str(out.parent) else ".", what="--to-gguf")
-    model, tokenizer = load_pretrained(source)
-    gguf_architecture(model.config)  # refuse before anything else
-    if tokenizer is None:
-        warn(f"{source} has no tokenizer: {out} has none, and llama.cpp cannot run it without one")
-    template = read_chat_template(source) if Path(source).is_dir() else None
-    write_gguf(model, out, tokenizer, type=type, chat_template=template, name=Path(str(source)).name or "tinygpt")
-
-
-def convert_from_gguf(source: str | Path, out: str | Path, *, overwrite: bool = False,
-                      warn: Callable[[str], None] = lambda message: None) -> list[str]:
-    """A GGUF file (gpt2 or llama) -> a tinygpt checkpoint in ``out`` (dequantised to float32), with its tokenizer
-    and its chat template in ``tokenizer_config.json``. Returns the names of the files written."""
-    from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model
-    from ..fileio import CHECKPOINT, atomic_write_text, check_save_target
-    from ..tokenizer import TOKENIZER_FILES
-
-    check_save_target(out, CHECKPOINT, overwrite=overwrite, inputs=[source], what="--out")
-    model, tokenizer, template = load_gguf(source, warn=warn)
-    save_model(model, out, tokenizer=tokenizer, overwrite=overwrite)
-    names = [CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES]
-    if template is not None:
-        atomic_write_text(Path(out) / "tokenizer_config.json", json.dumps({"chat_template": template}, indent=2)
-                          + "\n")
-        names.append("tokenizer_config.json")
-    return sorted(p.name for p in Path(out).iterdir() if p.name in names)
