@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import one_line_error
 import torch
 
 from tinygpt import GPTConfig, GPTModel, generate_greedy, load_model, save_model
@@ -33,13 +34,6 @@ def _logits(model, ids):
 def _same_weights(a: GPTModel, b: GPTModel) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
-def _one_line_error(capsys, *fragments):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 @pytest.fixture
@@ -106,7 +100,10 @@ def test_round_trip_through_gguf_is_exact(tmp_path, kw):
 
 def test_the_cli_round_trip_with_a_chat_template(tmp_path, capsys):
     tokenizer = CharTokenizer(CHAR_TEXT)
-    model = _model(tokenizer.vocab_size)  # the default `tinygpt train` model: char vocabulary, no QKV bias
+    from tinygpt.training import DEFAULT_MODEL
+
+    # the default `tinygpt train` model: its sizes, a char vocabulary, no QKV bias, untied head
+    model = GPTModel(GPTConfig(vocab_size=tokenizer.vocab_size, **DEFAULT_MODEL)).eval()
     save_model(model, tmp_path / "ckpt", tokenizer=tokenizer)
     template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     (tmp_path / "ckpt" / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
@@ -298,7 +295,7 @@ def test_bad_gguf_files_are_one_line_errors_and_write_nothing(tmp_path, capsys):
     for name, fragment in cases.items():
         out = tmp_path / f"out-{name}"
         assert main(["convert", "--from-gguf", str(tmp_path / name), "--out", str(out)]) == 2
-        _one_line_error(capsys, "tinygpt convert: error:", fragment)
+        one_line_error(capsys, "tinygpt convert: error:", fragment)
         assert not out.exists()
 
 
@@ -315,7 +312,7 @@ def test_export_refusals_are_one_line_errors_and_write_nothing(tmp_path, capsys)
     ]
     for args, fragment, absent in cases:
         assert main(["convert", *args]) == 2
-        _one_line_error(capsys, "tinygpt convert: error:", fragment)
+        one_line_error(capsys, "tinygpt convert: error:", fragment)
         if absent:
             assert not (tmp_path / absent).exists()
     assert (tmp_path / "exists.gguf").read_bytes() == b"keep"

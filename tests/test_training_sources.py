@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import one_line_error
 
 from tinygpt.cli import main
 from tinygpt.training import PreparedCorpus, prepare_corpus
@@ -13,13 +14,6 @@ from tinygpt.training.sources import find_sources, iter_documents
 
 RECORDS = [f"document {i}: the quick brown fox {'jumps ' * (i % 7)}over the lazy dog.\nline two of {i}."
            for i in range(60)] + ["naïve café — ünïcode", ""]
-
-
-def _one_line_error(capsys, *fragments):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def _jsonl(path, records, field="text"):
@@ -118,7 +112,7 @@ def test_bad_jsonl_records_name_the_file_and_line_and_write_nothing(tmp_path, ca
     for out, tokenizer in ((tmp_path / "new", "bpe:300"), (tmp_path / "old", "char")):
         assert main(["prepare", "--data", str(tmp_path / "d.jsonl"), "--tokenizer", tokenizer, "--out", str(out),
                      "--no-progress", "--force"]) == 2
-        _one_line_error(capsys, fragment)
+        one_line_error(capsys, fragment)
     assert not (tmp_path / "new").exists()
     assert _tokens(tmp_path / "old") == before  # an earlier corpus there is untouched
     assert PreparedCorpus.open(tmp_path / "old").header["sources"][0]["path"].endswith("good.jsonl")
@@ -137,7 +131,7 @@ def test_bad_parquet_columns_and_rows(tmp_path, capsys):
     for (name, *flags), fragment in cases:
         out = tmp_path / f"out-{name}"
         assert main(["prepare", "--data", str(tmp_path / name), *flags, "--out", str(out), "--no-progress"]) == 2
-        _one_line_error(capsys, fragment)
+        one_line_error(capsys, fragment)
         assert not out.exists()
 
 
@@ -145,6 +139,6 @@ def test_missing_optional_packages_are_named(tmp_path, capsys, monkeypatch):
     _parquet(tmp_path / "d.parquet", RECORDS)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails as if pyarrow were not installed
     assert main(["prepare", "--data", str(tmp_path / "d.parquet"), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
-    _one_line_error(capsys, "needs pyarrow: pip install 'tinygpt[data]'")
+    one_line_error(capsys, "needs pyarrow: pip install 'tinygpt[data]'")
     assert main(["prepare", "--data", str(tmp_path), "--workers", "0", "--out", str(tmp_path / "o")]) == 2
-    _one_line_error(capsys, "--workers 0 must be an integer >= 1")
+    one_line_error(capsys, "--workers 0 must be an integer >= 1")

@@ -83,37 +83,38 @@ def _permute_rope(weight: torch.Tensor, heads: int, to_gguf: bool) -> torch.Tens
     return weight.reshape(heads, hd // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
+# Per-block tensors that map one to one (GGUF name after "blk.{i}." -> ours after "trf_blocks.{i}.").
+_BLOCK_NAMES = {"attn_norm.weight": "norm1.scale", "ffn_norm.weight": "norm2.scale",
+                "attn_output.weight": "att.out_proj.weight", "ffn_down.weight": "ff.layers.2.weight"}
+# The gpt2 graph's biases: (GGUF name, ours, the config switch that gives the model one).
+_GPT2_BIASES = (("attn_norm.bias", "norm1.shift", "bias"), ("ffn_norm.bias", "norm2.shift", "bias"),
+                ("attn_qkv.bias", "att.qkv.bias", "qkv_bias"), ("attn_output.bias", "att.out_proj.bias", "bias"),
+                ("ffn_up.bias", "ff.layers.0.bias", "bias"), ("ffn_down.bias", "ff.layers.2.bias", "bias"))
+
+
 def gguf_tensors(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """A ``GPTModel`` state dict -> GGUF tensor names of ``gguf_architecture(config)`` (no ``output`` when
-    the head is tied; zeros for the biases the gpt2 graph needs and the model lacks)."""
+    """A ``GPTModel`` state dict -> GGUF tensor names of ``gguf_architecture(config)`` (no ``output`` when the
+    head is tied; zeros for the biases the gpt2 graph needs and the model lacks)."""
     arch = gguf_architecture(config)
     d, kv = config.emb_dim, config.kv_heads * config.head_dim
-
-    def get(name: str, rows: int) -> torch.Tensor:
-        return state[name] if name in state else torch.zeros(rows, device=state["tok_emb.weight"].device)
+    device = state["tok_emb.weight"].device
+    rows = {"attn_qkv.bias": 3 * d, "ffn_up.bias": config.ffn_dim}  # every other bias has emb_dim rows
 
     out = {"token_embd.weight": state["tok_emb.weight"], "output_norm.weight": state["final_norm.scale"]}
     if arch == "gpt2":
         out["position_embd.weight"] = state["pos_emb.weight"]
-        out["output_norm.bias"] = get("final_norm.shift", d)
+        out["output_norm.bias"] = state.get("final_norm.shift", torch.zeros(d, device=device))
     if not config.tie_weights:
         out["output.weight"] = state["out_head.weight"]
     for i in range(config.n_layers):
         ours, blk = f"trf_blocks.{i}.", f"blk.{i}."
-        out[blk + "attn_norm.weight"] = state[ours + "norm1.scale"]
-        out[blk + "ffn_norm.weight"] = state[ours + "norm2.scale"]
-        out[blk + "attn_output.weight"] = state[ours + "att.out_proj.weight"]
-        out[blk + "ffn_down.weight"] = state[ours + "ff.layers.2.weight"]
+        out.update({blk + theirs: state[ours + mine] for theirs, mine in _BLOCK_NAMES.items()})
         if arch == "gpt2":
-            f = config.ffn_dim
-            out[blk + "attn_norm.bias"] = get(ours + "norm1.shift", d)
-            out[blk + "ffn_norm.bias"] = get(ours + "norm2.shift", d)
             out[blk + "attn_qkv.weight"] = state[ours + "att.qkv.weight"]
-            out[blk + "attn_qkv.bias"] = get(ours + "att.qkv.bias", 3 * d)
-            out[blk + "attn_output.bias"] = get(ours + "att.out_proj.bias", d)
             out[blk + "ffn_up.weight"] = state[ours + "ff.layers.0.weight"]
-            out[blk + "ffn_up.bias"] = get(ours + "ff.layers.0.bias", f)
-            out[blk + "ffn_down.bias"] = get(ours + "ff.layers.2.bias", d)
+            for theirs, mine, _ in _GPT2_BIASES:
+                zeros = torch.zeros(rows.get(theirs, d), device=device)
+                out[blk + theirs] = state.get(ours + mine, zeros)
         else:
             q, k, v = state[ours + "att.qkv.weight"].split((d, kv, kv))
             out[blk + "attn_q.weight"] = _permute_rope(q, config.n_heads, to_gguf=True)
@@ -339,20 +340,12 @@ def _tinygpt_state(t: dict[str, torch.Tensor], config: GPTConfig, source: Path) 
         out.update(keep("output_norm.bias", "final_norm.shift", config.bias))
     for i in range(config.n_layers):
         ours, blk = f"trf_blocks.{i}.", f"blk.{i}."
-        out[ours + "norm1.scale"] = t[blk + "attn_norm.weight"]
-        out[ours + "norm2.scale"] = t[blk + "ffn_norm.weight"]
-        out[ours + "att.out_proj.weight"] = t[blk + "attn_output.weight"]
-        out[ours + "ff.layers.2.weight"] = t[blk + "ffn_down.weight"]
+        out.update({ours + mine: t[blk + theirs] for theirs, mine in _BLOCK_NAMES.items()})
         if blk + "attn_qkv.weight" in t:
             out[ours + "att.qkv.weight"] = t[blk + "attn_qkv.weight"]
             out[ours + "ff.layers.0.weight"] = t[blk + "ffn_up.weight"]
-            for name, mine, wanted in (("attn_norm.bias", "norm1.shift", config.bias),
-                                       ("ffn_norm.bias", "norm2.shift", config.bias),
-                                       ("attn_qkv.bias", "att.qkv.bias", config.qkv_bias),
-                                       ("attn_output.bias", "att.out_proj.bias", config.bias),
-                                       ("ffn_up.bias", "ff.layers.0.bias", config.bias),
-                                       ("ffn_down.bias", "ff.layers.2.bias", config.bias)):
-                out.update(keep(blk + name, ours + mine, wanted))
+            for theirs, mine, switch in _GPT2_BIASES:
+                out.update(keep(blk + theirs, ours + mine, getattr(config, switch)))
         else:
             q = _permute_rope(t[blk + "attn_q.weight"], config.n_heads, to_gguf=False)
             k = _permute_rope(t[blk + "attn_k.weight"], config.kv_heads, to_gguf=False)
