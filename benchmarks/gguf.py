@@ -117,7 +117,8 @@ def _transformers(model: GPTModel, path: Path, config: Any, ids: list[int], exac
 def table(result: dict[str, Any]) -> str:
     columns = [("type", "type"), ("file_mb", "file MB"), ("write_s", "write s"),
                ("max_abs_logit_error", "max |logit error| vs f32"), ("greedy_agree", "greedy tokens agreeing"),
-               ("llama_cpp_max_abs_diff_vs_f32", "llama.cpp max |diff|"), ("llama_cpp_greedy_agree", "llama.cpp greedy")]
+               ("llama_cpp_max_abs_diff_vs_f32", "llama.cpp max |diff|"),
+               ("llama_cpp_greedy_agree", "llama.cpp greedy")]
     lines = [f"{result['preset']} (random weights, GPT-2 vocabulary), prompt of {result['prompt_tokens']} tokens, "
              f"{result['rows'][0]['greedy_of']} greedy tokens",
              format_table(result["rows"], columns),

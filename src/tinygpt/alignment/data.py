@@ -16,10 +16,10 @@ The template is the one of LLMs-from-scratch chapter 7 (``format_input``), itsel
 The ``### Input:`` block is left out when ``input`` is empty. Everything up to and including ``"### Response:\\n"``
 is the *prompt* (the model reads it, the loss ignores it); the response follows, then the end-of-text token.
 
-Files are a JSON list of objects or JSONL (one object per line; errors there name the line). An instruction entry has ``instruction``, an
-optional ``input`` and ``output``; a preference entry has ``instruction``, an optional ``input``, ``chosen`` and
-``rejected`` (other keys, such as ``output`` beside the preference keys, are ignored). Every error names the file,
-the entry (its line in a JSONL file, its 0-based index in a JSON list) and the key.
+Files are a JSON list of objects or JSONL (one object per line; errors there name the line). An instruction entry
+has ``instruction``, an optional ``input`` and ``output``; a preference entry has ``instruction``, an optional
+``input``, ``chosen`` and ``rejected`` (other keys, such as ``output`` beside the preference keys, are ignored).
+Every error names the file, the entry (its line in a JSONL file, its 0-based index in a JSON list) and the key.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="a tinygpt checkpoint <-> a Hugging Face GPT-2 folder or a GGUF file (llama.cpp)")
+    p = sub.add_parser("convert", help="a tinygpt checkpoint <-> a Hugging Face GPT-2 folder or a GGUF file "
+                                       "(llama.cpp)")
     direction = p.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="DIR|HUBNAME", help="import a Hugging Face GPT-2 folder or hub name")
     direction.add_argument("--to-hf", metavar="DIR", help="export a tinygpt checkpoint for transformers")

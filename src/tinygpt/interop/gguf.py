@@ -9,7 +9,7 @@ RoPE, grouped-query, no biases) is its ``llama`` architecture. Tensor names (GGU
     blk.{i}.attn_qkv                           <-> trf_blocks.{i}.att.qkv           (gpt2: fused as ours)
     blk.{i}.attn_q / attn_k / attn_v           <-> the rows of trf_blocks.{i}.att.qkv (llama; q, k row-permuted)
     blk.{i}.attn_output                        <-> trf_blocks.{i}.att.out_proj
-    blk.{i}.ffn_up / ffn_down                  <-> trf_blocks.{i}.ff.layers.0 / 2   (llama: ffn_gate + ffn_up = layers.0)
+    blk.{i}.ffn_up / ffn_down                  <-> trf_blocks.{i}.ff.layers.0 / 2   (llama: layers.0 = gate + up)
     output_norm / output                       <-> final_norm / out_head            (no ``output``: tied to token_embd)
 
 GGUF lists a tensor's dimensions fastest-first, so a [rows, cols] numpy array is a {cols, rows} GGUF tensor: our
@@ -176,6 +176,8 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
             writer.add_layer_norm_rms_eps(config.norm_eps)
             writer.add_rope_freq_base(config.rope_theta)
             writer.add_rope_dimension_count(config.head_dim)
+            writer.add_key_length(config.head_dim)
+            writer.add_value_length(config.head_dim)
             writer.add_vocab_size(config.vocab_size)
         writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[type]))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama.cpp's converter writes it at every type

@@ -1,9 +1,10 @@
-"""One entry point for "a model to run": a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name.
+"""One entry point for "a model to run": a tinygpt checkpoint, a Hugging Face GPT-2 folder, a hub name, a GGUF file.
 
-Used by ``tinygpt generate`` and ``tinygpt convert`` (also to and from GGUF files, ``interop.gguf``). The tokenizer comes, in this order, from an explicit
-directory, the checkpoint's own saved tokenizer, the Hugging Face folder's tokenizer (vocab.json + merges.txt, or
-the tokenizer.json current transformers saves alone), and finally (for a 50,257-token model) ``gpt2_tokenizer()``
-(``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache). A conversion that cannot carry a tokenizer says so through ``warn``.
+Used by ``tinygpt generate`` and ``tinygpt convert`` (to and from GGUF too, ``interop.gguf``). The tokenizer comes,
+in this order, from an explicit directory, the checkpoint's own saved tokenizer (a GGUF file's own), the Hugging Face
+folder's tokenizer (vocab.json + merges.txt, or the tokenizer.json current transformers saves alone), and finally
+(for a 50,257-token model) ``gpt2_tokenizer()`` (``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache). A conversion that
+cannot carry a tokenizer says so through ``warn``.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ def load_pretrained(
 
         model, tokenizer, _ = load_gguf(source, dtype=dtype)
         model = model.to(device)
-        if tokenizer_dir is not None:
-            tokenizer = None
     elif Path(source).is_dir() and is_tinygpt_checkpoint(source):
         model = load_model(source, device=device, dtype=dtype)
         if tokenizer_dir is None:
