@@ -1,4 +1,4 @@
-"""GGUF export accuracy: ``python -m benchmarks.gguf [--preset gpt2-small] [--json PATH]``.
+"""GGUF export accuracy: ``python -m benchmarks.gguf [--preset gpt2-small | --model DIR] [--json PATH]``.
 
 A random model of the preset (GPT-2 as released: QKV bias, tied head; seed 0) with GPT-2's vocabulary is written as
 GGUF at each type (f32, f16, q8_0, q4_0) and read back; for each the table gives the file size, the largest logit
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from tinygpt import GPTModel, generate_greedy, get_config
+from tinygpt.config import PRESETS
 from tinygpt.interop.gguf import GGUF_TYPES, load_gguf, write_gguf
 from tinygpt.tokenizer import gpt2_tokenizer
 
@@ -41,6 +42,8 @@ def _llama_cpp(path: Path, ids: list[int], new_tokens: int, context: int) -> tup
         import llama_cpp
     except ImportError:
         return None
+    if len(ids) + new_tokens > context:  # llama.cpp's gpt2 graph aborts past its position table
+        return None
     llm = llama_cpp.Llama(str(path), n_ctx=context, logits_all=True, verbose=False, n_threads=1)
     llm.eval(ids)
     logits = np.array(llm.scores[: len(ids)])
@@ -49,13 +52,21 @@ def _llama_cpp(path: Path, ids: list[int], new_tokens: int, context: int) -> tup
     return logits, greedy
 
 
-def measure(preset: str, new_tokens: int) -> dict[str, Any]:
+def measure(preset: str, new_tokens: int, model_dir: str | None = None, prompt: str = PROMPT) -> dict[str, Any]:
     torch.manual_seed(0)
-    vocab = os.environ.get("TINYGPT_GPT2_VOCAB") or shared_data_dir() / "gpt2"
-    tokenizer = gpt2_tokenizer(vocab)
-    config = get_config(preset).replace(vocab_size=tokenizer.vocab_size, qkv_bias=True, tie_weights=True)
-    model = GPTModel(config).eval()
-    ids = tokenizer.encode(PROMPT)
+    if model_dir is not None:
+        from tinygpt.interop.pretrained import load_pretrained
+
+        model, tokenizer = load_pretrained(model_dir)
+        if tokenizer is None:
+            raise ValueError(f"{model_dir} has no tokenizer")
+        config, preset = model.config, str(model_dir)
+    else:
+        vocab = os.environ.get("TINYGPT_GPT2_VOCAB") or shared_data_dir() / "gpt2"
+        tokenizer = gpt2_tokenizer(vocab)
+        config = get_config(preset).replace(vocab_size=tokenizer.vocab_size, qkv_bias=True, tie_weights=True)
+        model = GPTModel(config).eval()
+    ids = tokenizer.encode(prompt)
     with torch.no_grad():
         exact = model(torch.tensor([ids]))[0]
     ours = generate_greedy(model, torch.tensor([ids]), new_tokens)[0, len(ids):].tolist()
@@ -83,9 +94,10 @@ def measure(preset: str, new_tokens: int) -> dict[str, Any]:
             if cpp is not None:
                 row["llama_cpp_max_abs_diff_vs_f32"] = float(np.abs(cpp[0] - exact.numpy()).max())
                 row["llama_cpp_greedy_agree"] = _agreeing(cpp[1], ours)
+                row["llama_cpp_greedy_text"] = tokenizer.decode(cpp[1])
             rows.append(row)
             del back
-    return {"preset": preset, "config": config.to_dict(), "prompt": PROMPT, "prompt_tokens": len(ids),
+    return {"preset": preset, "config": config.to_dict(), "prompt": prompt, "prompt_tokens": len(ids),
             "tinygpt_greedy_text": tokenizer.decode(ours), "rows": rows, **checks}
 
 
@@ -119,24 +131,31 @@ def table(result: dict[str, Any]) -> str:
                ("max_abs_logit_error", "max |logit error| vs f32"), ("greedy_agree", "greedy tokens agreeing"),
                ("llama_cpp_max_abs_diff_vs_f32", "llama.cpp max |diff|"),
                ("llama_cpp_greedy_agree", "llama.cpp greedy")]
-    lines = [f"{result['preset']} (random weights, GPT-2 vocabulary), prompt of {result['prompt_tokens']} tokens, "
+    what = "random weights, GPT-2 vocabulary" if result["preset"] in PRESETS else "trained"
+    lines = [f"{result['preset']} ({what}), prompt of {result['prompt_tokens']} tokens, "
              f"{result['rows'][0]['greedy_of']} greedy tokens",
              format_table(result["rows"], columns),
              f"f32 round trip exact: {result['f32_round_trip_exact']}; transformers' GGUF loader max |diff|: "
              f"{result.get('transformers_max_abs_diff')} (max |logit| {result.get('max_abs_logit')}); the same "
              f"transformers model from safetensors vs from GGUF: "
-             f"{result.get('transformers_gguf_vs_safetensors_max_abs_diff')}"]
+             f"{result.get('transformers_gguf_vs_safetensors_max_abs_diff')}",
+             f"greedy text: tinygpt float32 {result['tinygpt_greedy_text']!r}"]
+    for row in result["rows"]:
+        lines.append(f"  {row['type']}: tinygpt {row['greedy_text']!r}, llama.cpp {row.get('llama_cpp_greedy_text')!r}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="gpt2-small", help="a tinygpt preset (default: gpt2-small)")
+    parser.add_argument("--model", metavar="DIR", help="a trained checkpoint instead of a random --preset model")
+    parser.add_argument("--prompt", default=PROMPT, help="the prompt (default: a sentence of English)")
     parser.add_argument("--new-tokens", type=int, default=20, help="greedy tokens compared (default: 20)")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    return run_and_report(parser, lambda: measure(args.preset, args.new_tokens), table, args.json)
+    return run_and_report(parser, lambda: measure(args.preset, args.new_tokens, args.model, args.prompt), table,
+                          args.json)
 
 
 if __name__ == "__main__":
