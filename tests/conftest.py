@@ -154,3 +154,12 @@ def eval_model_dirs(tmp_path_factory):
     save_model(model, root / "tinygpt", tokenizer=tokenizer)
     export_hf(model, root / "hf", tokenizer=tokenizer)
     return root / "tinygpt", root / "hf"
+
+
+def one_line_error(capsys, *fragments) -> str:
+    """The stderr of a command that failed: exactly one line, no traceback, holding every fragment."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err

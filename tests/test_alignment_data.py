@@ -121,3 +121,14 @@ def test_split_and_batch_order_are_seeded_and_cover_every_example():
     assert batch_for_step(18, 7, 4, seed=1) == batch_for_step(18, 7, 4, seed=1)
     with pytest.raises(ValueError, match="val_fraction"):
         split_indices(10, 1.0, seed=0)
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    path.write_text('{"instruction": "a", "output": "b"}\n\n{"instruction": "a", "output": 3}\n')
+    with pytest.raises(ValueError, match=r"sft.jsonl: line 3: key 'output' must be a string, got int"):
+        load_instruction_data(path)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"instruction": "a", "chosen": "b", "rejected": "c"}\n{"instruction": "a", "chosen": "b"}\n')
+    with pytest.raises(ValueError, match=r"pairs.jsonl: line 2: missing key 'rejected'"):
+        load_preference_data(path)

@@ -134,7 +134,7 @@ def test_convert_and_params_errors(tmp_path, capsys):
     _one_line_error(capsys, "not allowed with argument")
     with pytest.raises(SystemExit):
         main(["convert", "--out", str(tmp_path / "x")])
-    _one_line_error(capsys, "one of the arguments --from-hf --to-hf is required")
+    _one_line_error(capsys, "one of the arguments --from-hf --to-hf --from-gguf --to-gguf is required")
 
 
 # ------------------------------------------------------------------------------------------------ saving safely

@@ -16,10 +16,10 @@ The template is the one of LLMs-from-scratch chapter 7 (``format_input``), itsel
 The ``### Input:`` block is left out when ``input`` is empty. Everything up to and including ``"### Response:\\n"``
 is the *prompt* (the model reads it, the loss ignores it); the response follows, then the end-of-text token.
 
-Files are a JSON list of objects or JSONL (one object per line). An instruction entry has ``instruction``, an
-optional ``input`` and ``output``; a preference entry has ``instruction``, an optional ``input``, ``chosen`` and
-``rejected`` (other keys, such as ``output`` beside the preference keys, are ignored). Every error names the file,
-the entry's index (0-based) and the key.
+Files are a JSON list of objects or JSONL (one object per line; errors there name the line). An instruction entry
+has ``instruction``, an optional ``input`` and ``output``; a preference entry has ``instruction``, an optional
+``input``, ``chosen`` and ``rejected`` (other keys, such as ``output`` beside the preference keys, are ignored).
+Every error names the file, the entry (its line in a JSONL file, its 0-based index in a JSON list) and the key.
 """
 
 from __future__ import annotations
@@ -95,7 +95,21 @@ def format_prompt(instruction: str, input: str = "") -> str:
     return text + RESPONSE_HEADER
 
 
-def read_records(path: str | Path, limit: int | None = None) -> list[Any]:
+class Records(list):
+    """Entries read from a file; ``lines`` holds each one's line number when the file is JSONL (errors name the
+    line there, the 0-based entry index in a JSON list)."""
+
+    lines: list[int] | None = None
+
+    def where(self, source: str, index: int) -> str:
+        return f"{source}: line {self.lines[index]}" if self.lines else f"{source}: entry {index}"
+
+
+def _where(records: Sequence[Any], source: str, index: int) -> str:
+    return records.where(source, index) if isinstance(records, Records) else f"{source}: entry {index}"
+
+
+def read_records(path: str | Path, limit: int | None = None) -> Records:
     """The raw entries of a JSON list file or a JSONL file (chosen by content: a file starting with ``[`` is JSON),
     the first ``limit`` of them when given."""
     checks.positive_int("limit", limit, optional=True, note="(unset: every entry)")
@@ -111,19 +125,24 @@ def read_records(path: str | Path, limit: int | None = None) -> list[Any]:
             records = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err})") from None
+        lines = None
     else:
-        records = []
+        records, lines = [], []
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
+            lines.append(number)
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}: line {number} is not valid JSON ({err}); a JSONL file holds one object "
                                  f"per line, a JSON file one list") from None
-    if not records:
-        raise ValueError(f"{path}: no entries")
-    return records[:limit]
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: no entries" if isinstance(records, list) else
+                         f"{path}: a JSON file must hold a list of entries, not a {type(records).__name__}")
+    out = Records(records[:limit])
+    out.lines = lines[:limit] if lines else None
+    return out
 
 
 def _text(record: dict[str, Any], key: str, where: str, *, required: bool, non_empty: bool) -> str:
@@ -153,7 +172,7 @@ def parse_instruction_records(records: Sequence[Any], source: str = "data") -> l
     """Validate instruction entries; ``ValueError`` naming ``source``, the entry index and the key."""
     out = []
     for i, record in enumerate(records):
-        where = f"{source}: entry {i}"
+        where = _where(records, source, i)
         record = _check_object(record, where, SFT_KEYS)
         out.append(InstructionExample(
             instruction=_text(record, "instruction", where, required=True, non_empty=True),
@@ -169,7 +188,7 @@ def parse_preference_records(records: Sequence[Any], source: str = "data") -> li
     left out, with a warning naming the entries (the shared data file has such a pair)."""
     out, identical = [], []
     for i, record in enumerate(records):
-        where = f"{source}: entry {i}"
+        where = _where(records, source, i)
         record = _check_object(record, where, PREFERENCE_KEYS)
         example = PreferenceExample(
             instruction=_text(record, "instruction", where, required=True, non_empty=True),
@@ -206,7 +225,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     records = read_records(path, limit)
     prompts = []
     for i, record in enumerate(records):
-        where = f"{path}: entry {i}"
+        where = _where(records, str(path), i)
         record = _check_object(record, where, ("instruction",))
         prompts.append(format_prompt(_text(record, "instruction", where, required=True, non_empty=True),
                                      _text(record, "input", where, required=False, non_empty=False)))

@@ -96,7 +96,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a saved model (greedy unless --temperature > 0)")
     p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
-                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
+                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, a hub name (gpt2, gpt2-medium, ...) or a "
+                        ".gguf file")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the text to continue; - reads it from stdin")
     source.add_argument("--prompt-file", metavar="PATH", help="read the text to continue from a UTF-8 file")
@@ -151,14 +152,22 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="Hugging Face GPT-2 folder <-> tinygpt checkpoint")
+    p = sub.add_parser("convert", help="a tinygpt checkpoint <-> a Hugging Face GPT-2 folder or a GGUF file "
+                                       "(llama.cpp)")
     direction = p.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="DIR|HUBNAME", help="import a Hugging Face GPT-2 folder or hub name")
     direction.add_argument("--to-hf", metavar="DIR", help="export a tinygpt checkpoint for transformers")
-    p.add_argument("--out", required=True, metavar="DIR", help="the directory to write (each file replaced atomically; "
-                                                             "other files kept)")
+    direction.add_argument("--from-gguf", metavar="FILE", help="import a GGUF file (gpt2 or llama architecture)")
+    direction.add_argument("--to-gguf", metavar="OUT.gguf", help="write --model as one GGUF file for llama.cpp")
+    p.add_argument("--out", metavar="DIR", help="the directory to write (each file replaced atomically; other files "
+                                               "kept); with --from-hf, --to-hf and --from-gguf")
+    p.add_argument("--model", metavar="DIR", help="with --to-gguf: the tinygpt checkpoint (or Hugging Face GPT-2 "
+                                                 "folder) to export")
+    p.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0", "q4_0"],
+                   help="with --to-gguf: the weights' type (norms, biases and positions stay f32; default: f32)")
     p.add_argument("--force", action="store_true", help="write into a folder that holds other files or another kind "
-                                                        "of model (its files are kept; same-named ones replaced)")
+                                                        "of model (its files are kept; same-named ones replaced), or "
+                                                        "replace an existing .gguf file")
     p.set_defaults(run=_run_convert)
 
 
@@ -168,7 +177,30 @@ def _run_convert(args: argparse.Namespace) -> int:
     def warn(message: str) -> None:
         print(f"tinygpt convert: warning: {message}", file=sys.stderr)
 
-    convert, source = (convert_from_hf, args.from_hf) if args.from_hf else (convert_to_hf, args.to_hf)
-    files = convert(source, args.out, overwrite=args.force, warn=warn)
+    if args.to_gguf is not None:
+        if args.model is None or args.out is not None:
+            raise CommandError("--to-gguf OUT.gguf takes the checkpoint as --model DIR (and no --out)")
+        from ..interop.pretrained import convert_to_gguf
+
+        try:
+            convert_to_gguf(args.model, args.to_gguf, type=args.type, overwrite=args.force, warn=warn)
+        except ImportError as err:
+            raise CommandError(str(err)) from None
+        print(f"wrote {args.to_gguf} ({args.type})")
+        return 0
+    if args.out is None:
+        raise CommandError("--out DIR is required with --from-hf, --to-hf and --from-gguf")
+    if args.model is not None or args.type != "f32":
+        raise CommandError("--model and --type apply to --to-gguf only")
+    if args.from_gguf is not None:
+        from ..interop.pretrained import convert_from_gguf
+
+        try:
+            files = convert_from_gguf(args.from_gguf, args.out, overwrite=args.force, warn=warn)
+        except ImportError as err:
+            raise CommandError(str(err)) from None
+    else:
+        convert, source = (convert_from_hf, args.from_hf) if args.from_hf else (convert_to_hf, args.to_hf)
+        files = convert(source, args.out, overwrite=args.force, warn=warn)
     print(f"wrote {args.out}: {', '.join(files)}")
     return 0

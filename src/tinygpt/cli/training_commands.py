@@ -6,13 +6,22 @@ import argparse
 
 from ..config import PRESETS
 from ..training.options import TOKENIZER_HELP as _TOKENIZER_HELP
-from .common import add_options, options_from_args
+from .common import CommandError, add_options, options_from_args
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="tokenize text files/folders into a memmapped token file with a train/val split")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
-                   help="text files or folders (searched recursively; hidden and binary files skipped)")
+                   help="text files, JSON Lines (.jsonl), Parquet (.parquet), folders saved by datasets' save_to_disk, "
+                        "or folders of these (searched recursively; hidden and other binary files skipped)")
+    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet", "hf"],
+                   help="how to read every file; auto = by suffix and folder contents (default: auto)")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the field (JSON Lines) or column (Parquet, datasets) holding each record's text "
+                        "(default: text)")
+    p.add_argument("--split", default="train", help="the split of a saved DatasetDict (default: train)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that encode the text (the same tokens as one; default: 1)")
     p.add_argument("--tokenizer", default="char", help=f"{_TOKENIZER_HELP} (default: char)")
     p.add_argument("--out", required=True, help="output folder (prepared.json, tokens.bin, tokenizer/)")
     p.add_argument("--val-fraction", type=float, default=0.1,
@@ -23,10 +32,19 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
+    from ..checks import positive_int
     from ..training import prepare_corpus
 
-    corpus = prepare_corpus(args.data, args.tokenizer, args.out, val_fraction=args.val_fraction,
-                            progress=not args.no_progress, overwrite=args.force)
+    try:
+        positive_int("workers", args.workers)
+    except ValueError:
+        raise CommandError(f"--workers {args.workers} must be an integer >= 1") from None
+    try:
+        corpus = prepare_corpus(args.data, args.tokenizer, args.out, val_fraction=args.val_fraction,
+                                progress=not args.no_progress, overwrite=args.force, format=args.format,
+                                text_field=args.text_field, split=args.split, workers=args.workers)
+    except ImportError as err:
+        raise CommandError(str(err)) from None
     h = corpus.header
     print(f"{args.out}: {h['total_tokens']:,} tokens ({h['train_tokens']:,} train / {h['val_tokens']:,} val) from "
           f"{len(h['sources'])} file(s), {h['total_bytes']:,} bytes; tokenizer {h['tokenizer']['spec']} "

@@ -166,7 +166,9 @@ def tinygpt_config_to_hf(config: GPTConfig, eos_token_id: int | None = None) -> 
     eot = eos_token_id if eos_token_id is not None else 50256 if config.vocab_size == 50257 else None
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.emb_dim,
+        "vocab_size": config.vocab_size, "n_positions": config.context_length,
+        "n_ctx": config.context_length,  # OpenAI's GPT-2 configs carry it; llama.cpp's converter reads it
+        "n_embd": config.emb_dim,
         "n_layer": config.n_layers, "n_head": config.n_heads, "n_inner": None,
         "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps,
         "resid_pdrop": config.shortcut_dropout, "embd_pdrop": config.emb_dropout, "attn_pdrop": config.attn_dropout,

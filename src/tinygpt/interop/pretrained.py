@@ -1,9 +1,10 @@
-"""One entry point for "a model to run": a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name.
+"""One entry point for "a model to run": a tinygpt checkpoint, a Hugging Face GPT-2 folder, a hub name, a GGUF file.
 
-Used by ``tinygpt generate`` and ``tinygpt convert``. The tokenizer comes, in this order, from an explicit
-directory, the checkpoint's own saved tokenizer, the Hugging Face folder's tokenizer (vocab.json + merges.txt, or
-the tokenizer.json current transformers saves alone), and finally (for a 50,257-token model) ``gpt2_tokenizer()``
-(``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache). A conversion that cannot carry a tokenizer says so through ``warn``.
+Used by ``tinygpt generate`` and ``tinygpt convert`` (to and from GGUF too, ``interop.gguf``). The tokenizer comes,
+in this order, from an explicit directory, the checkpoint's own saved tokenizer (a GGUF file's own), the Hugging Face
+folder's tokenizer (vocab.json + merges.txt, or the tokenizer.json current transformers saves alone), and finally
+(for a 50,257-token model) ``gpt2_tokenizer()`` (``$TINYGPT_GPT2_VOCAB`` or tiktoken's cache). A conversion that
+cannot carry a tokenizer says so through ``warn``.
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ def load_pretrained(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
 ) -> tuple[GPTModel, Tokenizer | None]:
-    """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder or a hub name."""
+    """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name or a
+    ``.gguf`` file."""
     tokenizer: Tokenizer | None = None
-    if Path(source).is_dir() and is_tinygpt_checkpoint(source):
+    if Path(source).is_file() and Path(source).suffix.lower() == ".gguf":
+        from .gguf import load_gguf
+
+        model, tokenizer, _ = load_gguf(source, dtype=dtype)
+        model = model.to(device)
+    elif Path(source).is_dir() and is_tinygpt_checkpoint(source):
         model = load_model(source, device=device, dtype=dtype)
         if tokenizer_dir is None:
             tokenizer = load_checkpoint_tokenizer(source)
@@ -126,3 +133,60 @@ def convert_to_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = 
         tokenizer = None
     export_hf(model, out, tokenizer=tokenizer, overwrite=overwrite, inputs=(checkpoint,))
     return _written(out, (CONFIG_FILE, *HF_WEIGHT_FILES, GENERATION_CONFIG_FILE, *HF_TOKENIZER_FILES))
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+def read_chat_template(directory: str | Path) -> str | None:
+    """The ``chat_template`` of ``directory/tokenizer_config.json`` (a checkpoint's or a Hugging Face folder's)."""
+    path = Path(directory) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{path}: cannot read its chat_template ({err})") from None
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{path}: chat_template must be one template string (named templates are not exported)")
+    return template
+
+
+def convert_to_gguf(source: str | Path, out: str | Path, *, type: str = "f32", overwrite: bool = False,
+                    warn: Callable[[str], None] = _warn) -> None:
+    """A tinygpt checkpoint or Hugging Face GPT-2 folder -> one GGUF file ``out``, with its tokenizer and chat
+    template. An existing ``out`` is replaced only with ``overwrite``; nothing is written when anything fails."""
+    from ..fileio import OutputError, check_output_dir
+    from .gguf import GGUF_TYPES, gguf_architecture, require_gguf, write_gguf
+
+    require_gguf()
+    if type not in GGUF_TYPES:
+        raise ValueError(f"--type {type} is not a GGUF type tinygpt writes; allowed: {', '.join(GGUF_TYPES)}")
+    out = Path(out)
+    if out.is_dir():
+        raise OutputError(f"--to-gguf {out} is a folder; give the path of the .gguf file to write")
+    if out.exists() and not overwrite:
+        raise OutputError(f"--to-gguf {out} exists; pass --force to replace it")
+    check_output_dir(out.parent if str(out.parent) else ".", what="--to-gguf")
+    model, tokenizer = load_pretrained(source)
+    gguf_architecture(model.config)  # refuse before anything else
+    if tokenizer is None:
+        warn(f"{source} has no tokenizer: {out} has none, and llama.cpp cannot run it without one")
+    template = read_chat_template(source) if Path(source).is_dir() else None
+    write_gguf(model, out, tokenizer, type=type, chat_template=template, name=Path(str(source)).name or "tinygpt")
+
+
+def convert_from_gguf(source: str | Path, out: str | Path, *, overwrite: bool = False,
+                      warn: Callable[[str], None] = _warn) -> list[str]:
+    """A GGUF file (gpt2 or llama) -> a tinygpt checkpoint in ``out`` (dequantised to float32), with its tokenizer
+    and its chat template in ``tokenizer_config.json``. Returns the names of the files written."""
+    from ..fileio import atomic_write_text
+    from .gguf import load_gguf
+
+    check_save_target(out, CHECKPOINT, overwrite=overwrite, inputs=[source], what="--out")
+    model, tokenizer, template = load_gguf(source, warn=warn)
+    save_model(model, out, tokenizer=tokenizer, overwrite=overwrite)
+    names: tuple[str, ...] = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
+    if template is not None:
+        atomic_write_text(Path(out) / "tokenizer_config.json", json.dumps({"chat_template": template}, indent=2)
+                          + "\n")
+        names += ("tokenizer_config.json",)
+    return _written(out, names)

@@ -16,18 +16,18 @@ the end-of-text token: the usual document separator of GPT-2 style corpora.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..tokenizer import TOKENIZER_FILES
+from .sources import DEFAULT_TEXT_FIELD, Source, find_sources, iter_documents, iter_text_chunks  # noqa: F401
 
 HEADER_NAME = "prepared.json"
 TOKENS_NAME = "tokens.bin"
@@ -36,87 +36,12 @@ FORMAT = "tinygpt-tokens-v1"
 # The files a prepared corpus consists of beyond its header: a corpus saved over an older one removes those of them
 # it does not write again (a BPE's file when the new tokenizer is char).
 _OWN_FILES = (TOKENS_NAME, *(f"{TOKENIZER_DIR}/{name}" for name in TOKENIZER_FILES))
-_BINARY_PROBE = 8192
 
 
 def find_text_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files as given; folders searched recursively (sorted, hidden entries and binary files -- a NUL byte in the
-    first 8 KiB -- skipped). A missing path is ``FileNotFoundError``; nothing to read is ``ValueError``."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    if not paths:
-        raise ValueError("no data paths given; pass one or more text files or folders")
-    files: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = [
-                p for p in sorted(path.rglob("*"))
-                if p.is_file()
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                and not _looks_binary(p)
-            ]
-            if not found:
-                raise ValueError(f"folder {path} holds no text files")
-            files.extend(found)
-        else:
-            raise FileNotFoundError(f"data path {path} does not exist")
-    return files
-
-
-def _looks_binary(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" in f.read(_BINARY_PROBE)
-
-
-def iter_text_chunks(
-    path: Path, chunk_bytes: int = 1 << 20, on_bytes: Callable[[bytes], None] | None = None
-) -> Iterator[str]:
-    """Decode ``path`` as UTF-8 in pieces of about ``chunk_bytes``; ``on_bytes`` sees every raw byte block (for
-    hashing and progress). Each piece but the last ends just after a newline that is followed by a non-space
-    character, so no line and no run of blank lines is split between two pieces.
-
-    Bytes that are not UTF-8 are a ``ValueError`` naming the file and the byte offset: replacing them with U+FFFD
-    would train the model on a character the text never had."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-    carry = ""
-    offset = 0  # bytes of the file before ``block``
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk_bytes)
-            if on_bytes is not None and block:
-                on_bytes(block)
-            pending = len(decoder.getstate()[0])  # bytes of an unfinished character held from the previous block
-            try:
-                decoded = decoder.decode(block, final=not block)
-            except UnicodeDecodeError as err:
-                position = offset - pending + err.start
-                raise ValueError(
-                    f"{path} is not UTF-8 text: byte 0x{err.object[err.start]:02x} at byte offset {position} "
-                    f"({err.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) or leave it out"
-                ) from None
-            offset += len(block)
-            text = carry + decoded
-            if not block:
-                if text:
-                    yield text
-                return
-            cut = _last_safe_cut(text)
-            carry = text[cut:]
-            if cut:
-                yield text[:cut]
-
-
-def _last_safe_cut(text: str) -> int:
-    i = len(text) - 1
-    while True:
-        i = text.rfind("\n", 0, i)
-        if i < 0:
-            return 0
-        if i + 1 < len(text) and not text[i + 1].isspace():
-            return i + 1
+    """The files and saved-dataset folders ``prepare_corpus`` would read from ``paths`` (``sources.find_sources``):
+    files as given; folders searched recursively (sorted, hidden entries and binary files skipped)."""
+    return [source.path for source in find_sources(paths)]
 
 
 @dataclass(frozen=True)
@@ -179,88 +104,182 @@ def prepare_corpus(
     chunk_bytes: int = 1 << 20,
     progress: bool = True,
     overwrite: bool = False,
+    format: str = "auto",
+    text_field: str = DEFAULT_TEXT_FIELD,
+    split: str = "train",
+    workers: int = 1,
 ) -> PreparedCorpus:
-    """Tokenize ``paths`` with ``tokenizer`` ("gpt2" | "char" | "bpe" | "bpe:VOCAB", trained on the same files when
-    it needs training) into ``out_dir``.
+    """Tokenize ``paths`` with ``tokenizer`` ("gpt2" | "char" | "bpe" | "bpe:VOCAB", trained on the same documents
+    when it needs training) into ``out_dir``.
+
+    ``paths`` are text files, JSON Lines, Parquet files, saved ``datasets`` folders or folders of them
+    (``training.sources``; ``text_field`` names the records' text, ``split`` a saved DatasetDict's split). Each
+    document (a text file, a record) is followed by the end-of-text id when the tokenizer has one. ``workers`` > 1
+    encodes batches of documents in that many processes; the tokens are the same, in the same order, byte for byte.
 
     ``out_dir`` is checked before any text is read (``fileio.check_save_target``: not a file, writable, room for the
     tokens, not inside an input, not a folder of another kind or of unrelated files unless ``overwrite``); the
-    files are then saved by ``fileio.save_into``: a failure leaves an earlier corpus there untouched, and files
-    the corpus does not own are never deleted."""
+    files are then saved by ``fileio.save_into``: a failure (a bad record included) leaves an earlier corpus there
+    untouched, and files the corpus does not own are never deleted."""
+    from .. import checks
     from ..fileio import PREPARED_CORPUS, atomic_write_text, check_save_target, save_into
     from ..tokenizer import train_tokenizer
 
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction!r} must be in (0, 1)")
-    files = find_text_files(paths)
-    total_bytes = sum(f.stat().st_size for f in files)
+    checks.positive_int("workers", workers)
+    sources = find_sources(paths, format)
+    total_bytes = sum(source.size for source in sources)
     if total_bytes == 0:
-        raise ValueError(f"the corpus is empty: {len(files)} file(s), 0 bytes")
+        raise ValueError(f"the corpus is empty: {len(sources)} file(s), 0 bytes")
     # At most one token per byte, 2 bytes each (uint16) for every vocabulary but a BPE above 65,536.
     save = dict(overwrite=overwrite, inputs=list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths],
                 needed_bytes=2 * total_bytes, what="--out")
     check_save_target(out_dir, PREPARED_CORPUS, **save)
+    read = dict(text_field=text_field, split=split, chunk_bytes=chunk_bytes, total_bytes=total_bytes)
 
-    tok = train_tokenizer(tokenizer, (t for _, t, _ in _stream(files, chunk_bytes, total_bytes, "tokenizer", progress)
-                                      if t is not None))
+    tok = train_tokenizer(tokenizer, (text for _, text, _ in _stream(sources, desc="tokenizer", progress=progress,
+                                                                       **read) if text))
     dtype = token_dtype(tok.vocab_size)
     out_dir = Path(out_dir)
-    sources: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     with save_into(out_dir, PREPARED_CORPUS, replaces=_OWN_FILES, **save) as tmp:
-        counts, file_tokens = 0, 0
+        tok.save(tmp / TOKENIZER_DIR)  # first: the workers load the tokenizer from here
+        counts = 0
         with open(tmp / TOKENS_NAME, "wb") as f:
-            for index, text, sha256 in _stream(files, chunk_bytes, total_bytes, "encode", progress):
-                if text is not None:
-                    ids = np.asarray(tok.encode(text, allowed_special=True), dtype=np.int64)
-                    if ids.size and (ids.min() < 0 or ids.max() >= tok.vocab_size):
-                        raise ValueError(f"tokenizer {tokenizer!r} produced an id outside [0, {tok.vocab_size})")
-                    ids.astype(dtype).tofile(f)
-                    file_tokens += ids.size
+            jobs = _jobs(_stream(sources, desc="encode", progress=progress, **read), chunk_bytes)
+            for index, ids in _encode_jobs(jobs, tok, tmp / TOKENIZER_DIR, workers, dtype):
+                if ids is None:  # the end of source ``index``
+                    records.append(_source_record(sources[index], counts))
+                    counts = 0
                     continue
-                if tok.eot_id is not None:  # documents stay apart: a window crossing files sees the boundary
-                    np.asarray([tok.eot_id], dtype=dtype).tofile(f)
-                    file_tokens += 1
-                path = files[index]
-                sources.append({"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256,
-                                "tokens": file_tokens})
-                counts += file_tokens
-                file_tokens = 0
+                ids.tofile(f)
+                counts += ids.size
             f.flush()
             os.fsync(f.fileno())
-        if counts < 2:
-            raise ValueError(f"the corpus encodes to {counts} token(s); at least 2 are needed")
-        n_train = min(counts - 1, max(1, int(round(counts * (1.0 - val_fraction)))))
-        tok.save(tmp / TOKENIZER_DIR)
+        total = sum(r["tokens"] for r in records)
+        if total < 2:
+            raise ValueError(f"the corpus encodes to {total} token(s); at least 2 are needed")
+        n_train = min(total - 1, max(1, int(round(total * (1.0 - val_fraction)))))
         header = {
             "format": FORMAT,
             "tokenizer": {"spec": tokenizer, "kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
             "dtype": dtype.name,
-            "total_tokens": counts,
+            "total_tokens": total,
             "train_tokens": n_train,
-            "val_tokens": counts - n_train,
+            "val_tokens": total - n_train,
             "val_fraction": val_fraction,
             "total_bytes": total_bytes,
-            "sources": sources,
+            "sources": records,
         }
+        if any(s.format != "text" for s in sources):
+            header["text_field"] = text_field
         atomic_write_text(tmp / HEADER_NAME, json.dumps(header, indent=2) + "\n")
     return PreparedCorpus.open(out_dir)
 
 
-def _stream(
-    files: list[Path], chunk_bytes: int, total_bytes: int, desc: str, progress: bool
-) -> Iterator[tuple[int, str | None, str | None]]:
-    """(file index, text chunk, None) for each chunk, then (file index, None, sha256 hex) at the end of each file."""
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
-        for index, path in enumerate(files):
-            sha = hashlib.sha256()
-
-            def on_bytes(block: bytes, sha=sha) -> None:
+def _source_record(source: Source, tokens: int) -> dict[str, Any]:
+    """A source's entry in the header: path, format, size, sha256 of its bytes, and its token count."""
+    sha = hashlib.sha256()
+    for path in source.data_files():
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
                 sha.update(block)
-                bar.update(len(block))
+    return {"path": str(source.path.resolve()), "format": source.format, "bytes": source.size,
+            "sha256": sha.hexdigest(), "tokens": tokens}
 
-            for text in iter_text_chunks(path, chunk_bytes, on_bytes):
-                yield index, text, None
-            yield index, None, sha.hexdigest()
+
+def _stream(sources: list[Source], *, text_field: str, split: str, chunk_bytes: int, total_bytes: int, desc: str,
+            progress: bool) -> Iterator[tuple[int, str | None, bool]]:
+    """(source index, text, ends a document) for every piece of every source, then (index, None, False) at the end
+    of each source."""
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+        for index, source in enumerate(sources):
+            seen = [0]
+
+            def on_bytes(n: int, seen: list[int] = seen) -> None:
+                seen[0] += n
+                bar.update(n)
+
+            for text, ends in iter_documents(source, text_field=text_field, split=split, chunk_bytes=chunk_bytes,
+                                             on_bytes=on_bytes):
+                yield index, text, ends
+            bar.update(max(0, source.size - seen[0]))
+            yield index, None, False
+
+
+# A job is a list of texts of one source, each followed by the end-of-text id or not; jobs hold about chunk_bytes of
+# text, and how they are cut does not depend on the number of workers, nor does what a job encodes to.
+_Job = tuple[int, list[tuple[str, bool]] | None]
+
+
+def _jobs(stream: Iterator[tuple[int, str | None, bool]], chunk_bytes: int) -> Iterator[_Job]:
+    items: list[tuple[str, bool]] = []
+    size = 0
+    for index, text, ends in stream:
+        if text is None:
+            if items:
+                yield index, items
+            items, size = [], 0
+            yield index, None
+            continue
+        items.append((text, ends))
+        size += len(text)
+        if size >= chunk_bytes:
+            yield index, items
+            items, size = [], 0
+
+
+def _encode(tok: Any, items: list[tuple[str, bool]], dtype: np.dtype) -> np.ndarray:
+    """One job's token ids: each text encoded (``<|endoftext|>`` in it read as the end-of-text id), then the
+    end-of-text id after each document that ends here (when the tokenizer has one)."""
+    pieces = []
+    for ids, (_, ends) in zip(tok.encode_batch([text for text, _ in items], allowed_special=True), items):
+        if ends and tok.eot_id is not None:
+            ids = [*ids, tok.eot_id]
+        pieces.append(np.asarray(ids, dtype=np.int64))
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= tok.vocab_size):
+        raise ValueError(f"the tokenizer produced an id outside [0, {tok.vocab_size})")
+    return ids.astype(dtype)
+
+
+_WORKER_TOKENIZER: Any = None
+
+
+def _worker_start(tokenizer_dir: str) -> None:
+    global _WORKER_TOKENIZER
+    from ..tokenizer import load_tokenizer
+
+    _WORKER_TOKENIZER = load_tokenizer(tokenizer_dir)
+
+
+def _worker_encode(items: list[tuple[str, bool]], dtype: str) -> np.ndarray:
+    return _encode(_WORKER_TOKENIZER, items, np.dtype(dtype))
+
+
+def _encode_jobs(jobs: Iterator[_Job], tok: Any, tokenizer_dir: Path, workers: int, dtype: np.dtype
+                 ) -> Iterator[tuple[int, np.ndarray | None]]:
+    """(source index, ids) per job in order, and (index, None) at each source's end. With ``workers`` > 1 the jobs
+    run in a process pool (spawned: no fork of a process that holds tokenizer threads), at most 2 per worker in
+    flight, so memory stays bounded whatever the corpus size."""
+    if workers == 1:
+        for index, items in jobs:
+            yield index, None if items is None else _encode(tok, items, dtype)
+        return
+    import collections
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers, _worker_start, (str(tokenizer_dir),)) as pool:
+        pending: collections.deque = collections.deque()
+        for index, items in jobs:
+            pending.append((index, None if items is None else pool.apply_async(_worker_encode, (items, dtype.str))))
+            while len(pending) > 2 * workers:
+                done_index, result = pending.popleft()
+                yield done_index, None if result is None else result.get()
+        while pending:
+            done_index, result = pending.popleft()
+            yield done_index, None if result is None else result.get()
 
 
 def prepare_or_reuse(
@@ -273,7 +292,7 @@ def prepare_or_reuse(
 ) -> PreparedCorpus:
     """``prepare_corpus``, unless ``out_dir`` already holds these files (same paths and sizes) prepared with this
     tokenizer and split -- as on a resume, where re-encoding would waste time and re-training a BPE could change it."""
-    files = find_text_files(paths)
+    sources = find_sources(paths)
     try:
         existing = PreparedCorpus.open(out_dir)
     except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
@@ -284,8 +303,8 @@ def prepare_or_reuse(
             h["tokenizer"]["spec"] == tokenizer
             and h["val_fraction"] == val_fraction
             and [(s["path"], s["bytes"]) for s in h["sources"]]
-            == [(str(f.resolve()), f.stat().st_size) for f in files]
+            == [(str(s.path.resolve()), s.size) for s in sources]
         )
         if same:
             return existing
-    return prepare_corpus(files, tokenizer, out_dir, val_fraction=val_fraction, progress=progress)
+    return prepare_corpus(paths, tokenizer, out_dir, val_fraction=val_fraction, progress=progress)
