@@ -75,7 +75,7 @@ def test_cli_reward_reports_accuracy_and_names_bad_entries(tmp_path, alignment_m
     bad.write_text('{"instruction": "a", "chosen": "b", "rejected": "c"}\n{"instruction": "a", "chosen": "b", '
                    '"rejected": ""}\n')
     assert main(["reward", "--model", str(alignment_model_dir), "--data", str(bad)]) == 2
-    assert "entry 1: empty response in key 'rejected'" in capsys.readouterr().err
+    assert "bad.jsonl: line 2: empty response in key 'rejected'" in capsys.readouterr().err
 
 
 def test_save_reward_model_keeps_foreign_files_and_refuses_other_kinds(tmp_path, alignment_tokenizer,
