@@ -7,8 +7,8 @@ import torch
 from tinygpt import GPTConfig
 from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model
 from tinygpt.cli import main
-from tinygpt.training import (TrainingDiverged, TrainingOptions, flops_per_token, list_checkpoints,
-                              load_training_state, train)
+from tinygpt.training import (Diverged, TrainingOptions, flops_per_token, list_checkpoints, load_training_state,
+                              train)
 from tinygpt.training.data import prepare_corpus
 
 CONFIG = GPTConfig(vocab_size=24, context_length=16, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.1)
@@ -54,7 +54,7 @@ def test_resume_is_bit_identical(tmp_path, prepared):
     state_b = load_training_state(tmp_path / "resumed" / "step-8")
     moments_a, moments_b = state_a["optimizer"]["state"], state_b["optimizer"]["state"]
     assert all(torch.equal(moments_a[k]["exp_avg_sq"], moments_b[k]["exp_avg_sq"]) for k in moments_a)
-    assert torch.equal(state_a["sampler"]["generator"], state_b["sampler"]["generator"])
+    assert torch.equal(state_a["stage_state"]["sampler"]["generator"], state_b["stage_state"]["sampler"]["generator"])
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))  # one consistent history across the resume
 
@@ -79,16 +79,21 @@ def test_a_run_leaves_a_loadable_model_metrics_and_plot(tmp_path, prepared):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, prepared, monkeypatch):
-    from tinygpt.training import loop
+    from tinygpt.training.pretrain import PretrainStage
 
-    real_loss = loop._Run.loss
+    real_batches, real_loss = PretrainStage.batches, PretrainStage.loss
 
-    def poisoned(self, x, y):
-        value = real_loss(self, x, y)
-        return value * float("nan") if self.step >= 5 else value
+    def counting(self, step):
+        self.step = step
+        return real_batches(self, step)
 
-    monkeypatch.setattr(loop._Run, "loss", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"step 6: the loss is nan .*step-4"):
+    def poisoned(self, batch):
+        value, metrics = real_loss(self, batch)
+        return (value * float("nan") if self.step >= 5 else value), metrics
+
+    monkeypatch.setattr(PretrainStage, "batches", counting)
+    monkeypatch.setattr(PretrainStage, "loss", poisoned)
+    with pytest.raises(Diverged, match=r"step 6: the loss is nan .*step-4"):
         train(options(tmp_path / "run", prepared))
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4]
     assert load_training_state(tmp_path / "run" / "step-4")["step"] == 4
@@ -204,11 +209,11 @@ def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_fi
 
 
 def test_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, prepared, monkeypatch):
-    from tinygpt.training import loop
+    from tinygpt.training import loop, pretrain
 
     drawn = []
-    real_plot = loop.plot_losses
-    monkeypatch.setattr(loop, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
+    real_plot = pretrain.plot_losses
+    monkeypatch.setattr(pretrain, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
                                                                            real_plot(records, path, **kw)))
     train(options(tmp_path / "quick", prepared))  # evals at 4 and 8, well inside one interval
     assert drawn == [8] and (tmp_path / "quick" / "loss.png").is_file()
