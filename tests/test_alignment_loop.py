@@ -108,3 +108,34 @@ def test_the_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_pat
     run_stage(_stage(alignment_tokenizer, alignment_config, batch_size=4),
               FinetuneOptions(out_dir=str(tmp_path / "every"), **options))
     assert drawn == [2, 4, 6]  # every evaluation once the interval has passed
+
+
+def test_sft_through_the_loop_is_the_textbook_computation(tmp_path, alignment_tokenizer, alignment_config):
+    """An SFT stage in the one loop, bit for bit, against the loop written out here: the step's batch, the masked
+    loss, AdamW with its warmup + cosine, clipping."""
+    import copy
+
+    from tinygpt.alignment.batches import batch_for_step, collate_targets, end_of_text_id
+    from tinygpt.training import build_optimizer, lr_at
+
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4, seed=3)
+    model = copy.deepcopy(stage.policy)
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=5, warmup_steps=2, lr=1e-3,
+                                              eval_every=100, progress=False))
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+    pad = end_of_text_id(alignment_tokenizer)
+    expected = []
+    for step in range(5):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=1e-3, min_lr=1e-3 / 10, warmup_steps=2, max_steps=5)
+        chosen = batch_for_step(len(stage.train_items), 4, step, 3)
+        inputs, targets = collate_targets([stage.train_items[i] for i in chosen], pad)
+        loss = model(inputs, targets=targets)
+        loss.backward()
+        # the norm summed in the optimizer's order of the parameters, as optim.optimizer_step does
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected.append(float(loss.detach()))
+    assert [r["loss"] for r in result.records] == expected
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), stage.policy.parameters()))

@@ -236,3 +236,43 @@ def test_the_eval_sample_is_the_cached_generation_of_the_model(tmp_path, prepare
                      generator=torch.Generator().manual_seed(0))
     assert result.samples[-1] == tokenizer.decode(ids + again.tokens[0, : again.lengths[0]].tolist())
     assert len(result.samples) == 2  # one per eval
+
+
+def test_the_loop_is_the_textbook_computation(tmp_path, prepared):
+    """Pretraining through the one loop, step for step and bit for bit, against a loop written out here as nanoGPT
+    writes its own: seed, init, AdamW, warmup + cosine, accumulated micro-batches, clipping (dropout on: the RNG
+    stream must be consumed in the same order, too)."""
+    import random
+
+    import numpy as np
+
+    from tinygpt import GPTModel
+    from tinygpt.training import PreparedCorpus, WindowSampler, build_optimizer, lr_at
+
+    settings = options(tmp_path / "run", prepared, max_steps=6, grad_accum=2, eval_every=100)
+    result = train(settings)
+    logged = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    model = GPTModel(CONFIG).train()
+    optimizer = build_optimizer(model, lr=settings.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    sampler = WindowSampler(PreparedCorpus.open(prepared).train, CONFIG.context_length, 0)
+    expected = []
+    for step in range(6):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=settings.lr, min_lr=settings.lr / 10, warmup_steps=2, max_steps=6)
+        total = torch.zeros(())
+        for _ in range(2):
+            x, y = sampler.sample(settings.batch_size)
+            loss = model(x, targets=y)
+            (loss / 2).backward()
+            total += loss.detach()
+        # the norm summed in the optimizer's order of the parameters, as optim.optimizer_step does
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected.append(float(total / 2))
+    assert logged == expected
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), result.model.parameters()))
