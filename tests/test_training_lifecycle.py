@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from tinygpt.training import list_checkpoints
-from tinygpt.training.lifecycle import refuse_finished, refuse_fresh_start
+from tinygpt.training.checkpointing import refuse_finished, refuse_fresh_start
 
 CONFIG = {"vocab_size": 24, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
 # Deprecation warnings are errors here: none may come from tinygpt's own calls.

@@ -176,6 +176,26 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
     return found[-1][1]
 
 
+def refuse_fresh_start(run_dir: Path) -> None:
+    """``ValueError`` when ``run_dir`` already holds ``step-N/`` checkpoints (a fresh run would mix with them)."""
+    if list_checkpoints(run_dir):
+        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
+                         f"another --out")
+
+
+def refuse_finished(step: int, max_steps: int) -> None:
+    """``ValueError`` when a resumed run has nothing left to do."""
+    if step >= max_steps:
+        raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}: raise --max-steps to "
+                         f"train further")
+
+
+def last_good_checkpoint(run_dir: Path) -> str:
+    """What a stopped run keeps, in words (for ``Diverged``)."""
+    kept = list_checkpoints(run_dir)
+    return f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
+
+
 def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
     """Delete what a killed write left anywhere in ``run_dir`` (``fileio.remove_temporaries``: every entry named
     ``fileio.TEMP_PREFIX...``, the one rule all of fileio's writers name their temporaries by); never a complete

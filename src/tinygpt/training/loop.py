@@ -29,10 +29,10 @@ from ..devices import autocast
 from ..fileio import RUN, atomic_write_text, check_save_target
 from ..model import GPTModel
 from . import distributed as dist_utils
-from .checkpointing import (capture_rng_state, load_training_state, load_weights, prune_checkpoints,
-                            remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
-from .lifecycle import (Diverged, Interrupted, StopRequests, last_good_checkpoint, refuse_finished,
-                        refuse_fresh_start)
+from .checkpointing import (capture_rng_state, last_good_checkpoint, load_training_state, load_weights,
+                            prune_checkpoints, refuse_finished, refuse_fresh_start, remove_partial_checkpoints,
+                            resolve_resume, restore_rng_state, save_checkpoint)
+from .lifecycle import Diverged, Interrupted, StopRequests
 from .memory import checkpoint_blocks
 from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog
 from .optim import Schedule, build_optimizer, optimizer_step
