@@ -74,8 +74,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: dict[st
             if meta["group"] not in groups:
                 groups[meta["group"]] = parser.add_mutually_exclusive_group(required=bool(meta.get("required")))
             target = groups[meta["group"]]
-        flag = meta.get("flag") or ("--no-" if kind is bool and default and not meta.get("both_ways") else "--") + \
-            f.name.replace("_", "-")
+        flag = meta.get("flag")
+        if flag is None:  # a True bool's flag turns it off: --no-x (both --x and --no-x with both_ways)
+            negated = kind is bool and default and not meta.get("both_ways")
+            flag = ("--no-" if negated else "--") + f.name.replace("_", "-")
         if kind is bool:
             action: Any = (argparse.BooleanOptionalAction if meta.get("both_ways") else
                            "store_false" if default else "store_true")
