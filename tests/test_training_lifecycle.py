@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from tinygpt.training import list_checkpoints
-from tinygpt.training.lifecycle import refuse_finished, refuse_fresh_start
+from tinygpt.training.checkpointing import refuse_finished, refuse_fresh_start
 
 CONFIG = {"vocab_size": 24, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
 # Deprecation warnings are errors here: none may come from tinygpt's own calls.
@@ -154,7 +154,7 @@ def test_sigterm_during_sft_checkpoints_and_resumes(tmp_path, alignment_model_di
     resume[resume.index("--max-steps") + 1] = str(step + 1)
     resumed = subprocess.run([sys.executable, "-m", "tinygpt", *resume], cwd=tmp_path, env=ENV, capture_output=True,
                              text=True, timeout=300)
-    assert resumed.returncode == 0 and f"resumed sft from {run}/step-{step}" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and f"resumed from {run}/step-{step} at step {step}" in resumed.stderr, resumed.stderr
 
 
 def test_the_shared_refusals(tmp_path):

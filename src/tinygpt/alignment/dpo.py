@@ -27,7 +27,9 @@ from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
 from .data import ALPACA_CHAT_TEMPLATE, PreferenceExample, load_preference_data
 from .logprobs import sequence_logprobs
-from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+from ..training.loop import TrainingResult, run_stage
+from .finetune import SupervisedStage, load_start_model
+from .options import FinetuneOptions
 from .reward import EncodedPair, encode_preferences
 
 
@@ -83,13 +85,13 @@ class DPOStage(SupervisedStage):
         ref_chosen, ref_rejected = self._reference(items)
         loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
         margin = chosen - rejected
-        return loss, {"loss": float(loss.detach()), "margin": float(margin.mean()),
+        return loss, {"margin": float(margin.mean()),
                       "accuracy": float((margin > 0).float().mean()), "chosen_reward": float(chosen.mean()),
                       "rejected_reward": float(rejected.mean())}
 
 
 def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: float = 0.1,
-        limit: int | None = None, tokenizer_dir: str | Path | None = None) -> FinetuneResult:
+        limit: int | None = None, tokenizer_dir: str | Path | None = None) -> TrainingResult:
     """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``."""
     options.check()
     checks.positive_number("beta", beta)

@@ -26,7 +26,9 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
-from .loop import DEFAULT_SEED, FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+from ..training.loop import DEFAULT_SEED, TrainingResult, run_stage
+from .finetune import SupervisedStage, load_start_model
+from .options import FinetuneOptions
 
 HEAD_FILE = "reward_head.safetensors"
 
@@ -162,21 +164,19 @@ class RewardStage(SupervisedStage):
         r_chosen, r_rejected = rewards[: len(items)], rewards[len(items):]
         loss = bradley_terry_loss(r_chosen, r_rejected)
         margin = (r_chosen - r_rejected).detach().float()
-        return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
+        return loss, {"accuracy": float((margin > 0).float().mean()),
                       "margin": float(margin.mean())}
 
-    def export(self, run_dir: Path) -> None:
+    def export(self, model: GPTModel, run_dir: Path) -> None:
         """The head first, then the trunk's files (each replaced atomically, config last)."""
         from safetensors.torch import save_file
 
-        from ..training.checkpointing import export_model_files
-
         atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
-        export_model_files(self.policy, self.tokenizer, run_dir)
+        super().export(model, run_dir)
 
 
 def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-                       tokenizer_dir: str | Path | None = None) -> FinetuneResult:
+                       tokenizer_dir: str | Path | None = None) -> TrainingResult:
     """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``."""
     options.check()
     examples = load_preference_data(data, limit)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import GPTConfig
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model, write_checkpoint_files
 from ..fileio import atomic_directory, atomic_write_with, remove_temporaries
 from ..model import GPTModel
@@ -98,7 +99,9 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def load_training_state(directory: Path) -> dict[str, Any]:
+def load_training_state(directory: Path, stage: str | None = None) -> dict[str, Any]:
+    """The training state of the checkpoint ``directory``; with ``stage``, refused unless a run of that stage wrote
+    it (a checkpoint from before stages were named is pretraining's, ``"train"``)."""
     path = Path(directory) / STATE_FILE
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -108,7 +111,46 @@ def load_training_state(directory: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: cannot read the training state ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{path} is not a tinygpt training state")
+    written_by = state.get("stage", "train")
+    if stage is not None and written_by != stage:
+        raise ValueError(f"{directory} is a checkpoint of the {written_by!r} stage, not {stage!r}")
+    if "stage_state" not in state and "sampler" in state:  # pretraining's layout before the one loop
+        state = {**state, "stage_state": {"sampler": state["sampler"]}, "heads": {}}
     return state
+
+
+def config_mismatch(wanted: GPTConfig, saved: GPTConfig, directory: Path, what: str) -> str | None:
+    """None when the configs agree, else the error: ``{what} does not match the checkpoint DIR: k=a vs checkpoint
+    b, ...`` (one wording for every stage)."""
+    diff = {k: (v, getattr(saved, k)) for k, v in wanted.to_dict().items() if getattr(saved, k) != v}
+    if not diff:
+        return None
+    return f"{what} does not match the checkpoint {directory}: " + ", ".join(
+        f"{k}={a!r} vs checkpoint {b!r}" for k, (a, b) in diff.items())
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
+    """Kind, size and every token's text: two tokenizers with the same fingerprint give the same ids."""
+    return [tokenizer.kind, str(tokenizer.vocab_size), *(tokenizer.decode([i]) for i in range(tokenizer.vocab_size))]
+
+
+def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
+    """Load a checkpoint's model weights into ``stage.policy`` and its heads' into ``stage.heads`` (in place, before
+    the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's."""
+    from ..checkpoint import load_config, load_model
+    from ..tokenizer import load_tokenizer
+
+    problem = config_mismatch(stage.policy.config, load_config(directory), directory, f"the {stage.name} model")
+    if problem:
+        raise ValueError(problem)
+    if stage.tokenizer is not None:
+        saved_tokenizer = load_tokenizer(directory)
+        if tokenizer_fingerprint(saved_tokenizer) != tokenizer_fingerprint(stage.tokenizer):
+            raise ValueError(f"the checkpoint {directory} was trained with a different tokenizer "
+                             f"({saved_tokenizer!r}) than this run's ({stage.tokenizer!r})")
+    saved = load_model(directory, device=stage.device)
+    stage.policy.load_state_dict(saved.state_dict())
+    stage.heads.load_state_dict(state["heads"])
 
 
 def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | None:
@@ -132,6 +174,26 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
     if not found:
         raise ValueError(f"--resume {path}: neither a complete step-N checkpoint nor a run folder holding one")
     return found[-1][1]
+
+
+def refuse_fresh_start(run_dir: Path) -> None:
+    """``ValueError`` when ``run_dir`` already holds ``step-N/`` checkpoints (a fresh run would mix with them)."""
+    if list_checkpoints(run_dir):
+        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
+                         f"another --out")
+
+
+def refuse_finished(step: int, max_steps: int) -> None:
+    """``ValueError`` when a resumed run has nothing left to do."""
+    if step >= max_steps:
+        raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}: raise --max-steps to "
+                         f"train further")
+
+
+def last_good_checkpoint(run_dir: Path) -> str:
+    """What a stopped run keeps, in words (for ``Diverged``)."""
+    kept = list_checkpoints(run_dir)
+    return f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
 
 
 def remove_partial_checkpoints(run_dir: Path) -> list[Path]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -113,7 +114,13 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, opt
     The weights themselves come back through ``load_model`` before wrapping."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+    try:
+        # strict=False: a parameter that never had a gradient (a reward model's unused LM head) has no AdamW state.
+        set_optimizer_state_dict(model, optimizer, optimizer_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+    except (KeyError, ValueError, RuntimeError) as err:  # a state keyed otherwise (an older fine-tuning run's)
+        raise ValueError(f"cannot restore the optimizer state of the checkpoint ({type(err).__name__}: {err}); "
+                         f"start a fresh run from its model instead") from None
 
 
 def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -137,6 +144,17 @@ def any_rank(flag: bool, ctx: DistContext) -> bool:
     value = torch.tensor(int(flag), device=ctx.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def check_same_on_every_rank(value: int, ctx: DistContext, message: Callable[[list[int]], str]) -> None:
+    """``ValueError(message(values))`` on every rank unless every rank passed the same ``value`` (a collective)."""
+    if not ctx.distributed:
+        return
+    gathered = [torch.zeros((), dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, torch.tensor(value, dtype=torch.long, device=ctx.device))
+    seen = [int(v) for v in gathered]
+    if len(set(seen)) > 1:
+        raise ValueError(message(seen))
 
 
 def is_main_process() -> bool:

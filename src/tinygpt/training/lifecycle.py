@@ -1,9 +1,8 @@
-"""How a run starts, refuses to start, and stops (torch-free: the command line imports it cheaply): shared by pretraining (``training.loop``) and fine-tuning
-(``alignment.loop``).
+"""How a run starts, refuses to start, and stops (torch-free: the command line imports it cheaply), for every stage
+of the one loop (``training.loop``).
 
-- A fresh start into a folder that already holds checkpoints is refused (``refuse_fresh_start``), as is a resume
-  of a run that is already at its last step (``refuse_finished``): neither silently overwrites nor silently does
-  nothing.
+- A fresh start into a folder that already holds checkpoints, and a resume of a run already at its last step, are
+  refused (``checkpointing.refuse_fresh_start`` / ``refuse_finished``, beside the rest of the resume path).
 - SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption) are *requests*: ``StopRequests`` notes the first one, the
   loop finishes the step it is in, writes a checkpoint at that step and raises ``Interrupted`` (the command line
   prints one line and exits 128 + the signal number: 130 / 143). A second signal does not wait: it raises
@@ -17,34 +16,9 @@ from __future__ import annotations
 
 import signal
 import threading
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-
-
-def refuse_fresh_start(run_dir: Path) -> None:
-    """``ValueError`` when ``run_dir`` already holds ``step-N/`` checkpoints (a fresh run would mix with them)."""
-    from .checkpointing import list_checkpoints
-
-    if list_checkpoints(run_dir):
-        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, or choose "
-                         f"another --out")
-
-
-def refuse_finished(step: int, max_steps: int) -> None:
-    """``ValueError`` when a resumed run has nothing left to do."""
-    if step >= max_steps:
-        raise ValueError(f"the checkpoint is at step {step}, already >= max_steps={max_steps}: raise --max-steps to "
-                         f"train further")
-
-
-def last_good_checkpoint(run_dir: Path) -> str:
-    """What a stopped run keeps, in words (for ``Diverged``)."""
-    from .checkpointing import list_checkpoints
-
-    kept = list_checkpoints(run_dir)
-    return f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint had been written yet"
 
 
 class Diverged(RuntimeError):
