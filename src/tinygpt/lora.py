@@ -161,10 +161,11 @@ class LoRALinear(nn.Module):
         self.merged = False
 
     def merged_weight(self) -> torch.Tensor:
-        """The weight [out, in] the adapted map has, base (dequantised) + updates, without changing anything."""
+        """The weight [out, in] the map computes with now (base, dequantised, + the updates unless switched off),
+        without changing anything."""
         base = self.base.weight if isinstance(self.base, nn.Linear) else self.base.dequantized_weight()
         weight = base.detach().clone()
-        if not self.merged:
+        if self.enabled and not self.merged:
             for name, (lo, hi) in self.parts.items():
                 weight[lo:hi] += self.delta_weight(name).detach().to(weight.dtype)
         return weight
@@ -203,6 +204,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
             parent_path, _, child = path.rpartition(".")
             parent = block.get_submodule(parent_path)
             setattr(parent, child, LoRALinear(parent.get_submodule(child), config, parts))
+    model.lora_config = config  # read by interop.peft.save_adapter
     return model
 
 
@@ -274,7 +276,8 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def merged_model(model: nn.Module) -> nn.Module:
-    """A plain ``GPTModel`` (no adapters, float weights) computing what the adapted ``model`` computes."""
+    """A plain ``GPTModel`` (no adapters, float weights) computing what the adapted ``model`` computes (inside
+    ``adapters_disabled``: its base, dequantised)."""
     from .checkpoint import model_from_state_dict
 
     state = merged_state_dict(model)
