@@ -104,7 +104,8 @@ class LoRALinear(nn.Module):
     [hi - lo, r].
     """
 
-    def __init__(self, base: nn.Module, config: LoRAConfig, parts: Mapping[str, tuple[int, int]]) -> None:
+    def __init__(self, base: nn.Module, config: LoRAConfig, parts: Mapping[str, tuple[int, int]],
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
@@ -118,9 +119,9 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.ParameterDict()
         self.lora_B = nn.ParameterDict()
         for name, (lo, hi) in self.parts.items():
-            a = torch.empty(config.r, self.in_features, dtype=dtype, device=device)
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # PEFT's init of lora_A (nn.Linear's default)
-            self.lora_A[name] = nn.Parameter(a)
+            a = torch.empty(config.r, self.in_features, dtype=dtype)  # drawn on the CPU: any device, same numbers
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)  # PEFT's init of lora_A (nn.Linear's)
+            self.lora_A[name] = nn.Parameter(a.to(device))
             self.lora_B[name] = nn.Parameter(torch.zeros(hi - lo, config.r, dtype=dtype, device=device))
 
     def delta_weight(self, name: str) -> torch.Tensor:
@@ -181,9 +182,11 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
             yield name, module
 
 
-def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
+def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int | None = None) -> nn.Module:
     """Freeze ``model`` (a ``GPTModel``), quantise its block linears if asked, and wrap the targets, in place.
 
+    The A matrices are drawn from a generator seeded with ``seed`` (None: torch's global RNG), so that the same
+    seed gives the same adapters whatever the global RNG has been through.
     Afterwards only the ``lora_A`` / ``lora_B`` tensors require gradients; the model's ``config`` is unchanged.
     Returns the model. Call it once per model (``ValueError`` on a model that already has adapters).
     """
@@ -191,6 +194,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     if any(True for _ in lora_modules(model)):
         raise ValueError("the model already has LoRA adapters")
     model.requires_grad_(False)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     if config.quantize == "nf4":
         quantize_linears(model)
     for block in model.trf_blocks:
@@ -203,7 +207,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         for path, parts in by_module.items():
             parent_path, _, child = path.rpartition(".")
             parent = block.get_submodule(parent_path)
-            setattr(parent, child, LoRALinear(parent.get_submodule(child), config, parts))
+            setattr(parent, child, LoRALinear(parent.get_submodule(child), config, parts, generator))
     model.lora_config = config  # read by interop.peft.save_adapter
     return model
 

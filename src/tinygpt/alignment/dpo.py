@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,8 @@ from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
 from .data import PreferenceExample, load_preference_data
 from .logprobs import sequence_logprobs
-from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+from .loop import (FinetuneOptions, FinetuneResult, SupervisedStage, adapt, is_adapted, load_start_model,
+                   reference_model, run_stage)
 from .reward import EncodedPair, encode_preferences
 
 
@@ -52,7 +53,10 @@ class DPOStage(SupervisedStage):
         checks.positive_number("beta", beta)
         self.policy, self.tokenizer, self.beta = policy, tokenizer, float(beta)
         self.heads = nn.ModuleDict()
-        self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
+        # A LoRA policy is its own reference with the adapters off (reference_model): no second copy of the base.
+        self.reference = reference if reference is not None or is_adapted(policy) else copy.deepcopy(policy)
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
         self.pad_id = end_of_text_id(tokenizer)
         self._reference_logps: dict[EncodedPair, tuple[float, float]] = {}  # the reference never changes
         pairs = encode_preferences(tokenizer, examples, policy.config.context_length, source)
@@ -68,8 +72,8 @@ class DPOStage(SupervisedStage):
     def _reference(self, items: Sequence[EncodedPair]) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [p for p in items if p not in self._reference_logps]
         if missing:
-            with torch.no_grad():
-                chosen, rejected = self._sequence_logps(self.reference, missing)
+            with torch.no_grad(), reference_model(self.reference, self.policy) as reference:
+                chosen, rejected = self._sequence_logps(reference, missing)
             for p, c, r in zip(missing, chosen.tolist(), rejected.tolist()):
                 self._reference_logps[p] = (c, r)
         device = next(self.policy.parameters()).device
@@ -87,11 +91,14 @@ class DPOStage(SupervisedStage):
 
 
 def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: float = 0.1,
-        limit: int | None = None, tokenizer_dir: str | Path | None = None) -> FinetuneResult:
-    """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``."""
+        limit: int | None = None, tokenizer_dir: str | Path | None = None, lora: Any = None) -> FinetuneResult:
+    """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``;
+    ``lora`` (a ``LoRAConfig``) trains adapters, the reference being the base with them switched off."""
     options.check()
     checks.positive_number("beta", beta)
     examples = load_preference_data(data, limit)
     policy, tokenizer = load_start_model(model, options.device, tokenizer_dir)
-    stage = DPOStage(policy, tokenizer, examples, beta=beta, source=str(data), **options.stage_settings())
+    stage = DPOStage(adapt(policy, lora, options), tokenizer, examples, beta=beta, source=str(data),
+                     **options.stage_settings())
+    stage.lora_base = str(model)
     return run_stage(stage, options)

@@ -11,12 +11,13 @@ resumed run continues the same computation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -61,6 +62,7 @@ class Stage:
     tokenizer: Tokenizer | None
     steps_per_epoch: int = 1
     postfix_keys: tuple[str, ...] = ("loss",)  # the metrics shown on the progress bar
+    lora_base: str | None = None  # with LoRA (``adapt``): the base's folder or hub name, which each adapter names
 
     def train_step(self, step: int, optimizer: torch.optim.Optimizer, grad_clip: float) -> dict[str, float]:
         """One optimizer step (or several, for PPO) at 0-based ``step``; returns the metrics to log."""
@@ -81,10 +83,49 @@ class Stage:
         """Draw the run's curves into ``run_dir`` (called after each evaluation)."""
 
     def export(self, run_dir: Path) -> None:
-        """Write the finished model into ``run_dir`` (default: the policy via ``export_model_files``)."""
+        """Write the finished model into ``run_dir`` (default: the policy via ``export_model_files``; with LoRA its
+        adapter, in PEFT's format, naming the base)."""
         from ..training.checkpointing import export_model_files
 
+        if is_adapted(self.policy):
+            from ..interop.peft import save_adapter
+
+            save_adapter(self.policy, run_dir, base=self.lora_base)
+            return
         export_model_files(self.policy, self.tokenizer, run_dir)
+
+
+def is_adapted(model: nn.Module) -> bool:
+    """Whether ``model`` trains LoRA adapters (``adapt``) rather than its own weights."""
+    return getattr(model, "lora_config", None) is not None
+
+
+@contextlib.contextmanager
+def reference_model(reference: GPTModel | None, policy: GPTModel) -> Iterator[GPTModel]:
+    """The frozen reference DPO and PPO compare the policy with: ``reference`` itself, or with ``None`` (a LoRA
+    policy) the policy's own base -- its adapters switched off, in eval mode -- so the base is held once."""
+    if reference is not None:
+        yield reference
+        return
+    from ..lora import adapters_disabled
+
+    was_training = policy.training
+    policy.eval()
+    try:
+        with adapters_disabled(policy):
+            yield policy
+    finally:
+        policy.train(was_training)
+
+
+def adapt(stage_model: GPTModel, lora: Any, options: FinetuneOptions) -> GPTModel:
+    """``stage_model`` with LoRA adapters (``lora``: a ``LoRAConfig``, or None for full fine-tuning, which returns
+    the model as it is); the adapters' A matrices are drawn from the run's seed."""
+    if lora is None:
+        return stage_model
+    from ..lora import apply_lora
+
+    return apply_lora(stage_model, lora, seed=options.seed if options.seed is not None else DEFAULT_SEED)
 
 
 def _trainable(stage: Stage) -> nn.ModuleDict:
@@ -95,10 +136,13 @@ def _restore(stage: Stage, optimizer: torch.optim.Optimizer, directory: Path) ->
     state = load_training_state(directory)
     if state.get("stage") != stage.name:
         raise ValueError(f"{directory} is a checkpoint of the {state.get('stage')!r} stage, not {stage.name!r}")
-    saved = load_model(directory, device=next(stage.policy.parameters()).device)
-    if saved.config != stage.policy.config:
-        raise ValueError(f"{directory}: the checkpoint's model config differs from the starting model's")
-    stage.policy.load_state_dict(saved.state_dict())
+    if is_adapted(stage.policy):
+        _restore_adapter(stage, directory)
+    else:
+        saved = load_model(directory, device=next(stage.policy.parameters()).device)
+        if saved.config != stage.policy.config:
+            raise ValueError(f"{directory}: the checkpoint's model config differs from the starting model's")
+        stage.policy.load_state_dict(saved.state_dict())
     stage.heads.load_state_dict(state["heads"])
     optimizer.load_state_dict(state["optimizer"])
     stage.load_state_dict(state["stage_state"])
@@ -106,12 +150,32 @@ def _restore(stage: Stage, optimizer: torch.optim.Optimizer, directory: Path) ->
     return int(state["step"])
 
 
+def _restore_adapter(stage: Stage, directory: Path) -> None:
+    """A LoRA run's ``step-N/`` holds the adapter only: the base is the one the run starts from again."""
+    from ..interop.peft import read_adapter
+    from ..lora import load_lora_state_dict
+
+    adapter = read_adapter(directory)
+    if adapter.model_config is not None and adapter.model_config != stage.policy.config:
+        raise ValueError(f"{directory}: the adapter was trained on a base of another config than the starting model")
+    if adapter.config != stage.policy.lora_config:
+        raise ValueError(f"{directory}: the run trained LoRA {adapter.config.to_dict()}, but the options give "
+                         f"{stage.policy.lora_config.to_dict()}: resume with the run's --lora-* flags")
+    load_lora_state_dict(stage.policy, adapter.state, source=str(directory))
+
+
 def _checkpoint(stage: Stage, optimizer: torch.optim.Optimizer, options: FinetuneOptions, run_dir: Path,
                 step: int) -> None:
     state = {"stage": stage.name, "step": step, "optimizer": optimizer.state_dict(), "rng": capture_rng_state(),
              "heads": stage.heads.state_dict(), "stage_state": stage.state_dict(),
              "options": {k: v for k, v in asdict(options).items() if isinstance(v, (int, float, str))}}
-    save_checkpoint(run_dir, step, stage.policy, stage.tokenizer, state)
+    write_model = None
+    if is_adapted(stage.policy):  # only what trains: the adapter (and the heads, in the state), not the base
+        from ..interop.peft import write_adapter_files
+
+        def write_model(folder: Path) -> None:
+            write_adapter_files(stage.policy, folder, base=stage.lora_base)
+    save_checkpoint(run_dir, step, stage.policy, stage.tokenizer, state, write_model)
     prune_checkpoints(run_dir, options.keep_last)
 
 

@@ -31,7 +31,8 @@ from .batches import batch_for_step, batches_per_epoch, encode_prompt, end_of_te
 from .data import load_prompts
 from .logprobs import entropy, masked_mean
 from ..training.optim import optimizer_step
-from .loop import FinetuneOptions, FinetuneResult, Stage, load_start_model, run_stage
+from .loop import (FinetuneOptions, FinetuneResult, Stage, adapt, is_adapted, load_start_model, reference_model,
+                   run_stage)
 from .reward import scalar_head
 from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
 
@@ -104,7 +105,10 @@ class PPOStage(Stage):
                  batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337) -> None:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.config = config or PPOConfig()
-        self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
+        # A LoRA policy is its own frozen policy with the adapters off (reference_model): the base is held once.
+        self.reference = reference if reference is not None or is_adapted(policy) else copy.deepcopy(policy)
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
         param = next(policy.parameters())
         self.heads = nn.ModuleDict({"value": scalar_head(policy, seed)})  # seeded: same seed, same head
         self.eos_id = eos_id
@@ -139,7 +143,8 @@ class PPOStage(Stage):
         t = cfg.temperature
         logp_old, values_old, ent = action_logprobs_values(self.policy, self.heads["value"], inputs, action_index,
                                                            actions, t)
-        logp_ref, _, _ = action_logprobs_values(self.reference, None, inputs, action_index, actions, t)
+        with reference_model(self.reference, self.policy) as reference:
+            logp_ref, _, _ = action_logprobs_values(reference, None, inputs, action_index, actions, t)
         rewards, kl = token_rewards(scores, logp_old, logp_ref, mask, cfg.kl_coef)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.lam)
         return Rollout(inputs, action_index, actions, mask, logp_old, values_old * mask,
@@ -239,8 +244,8 @@ def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:
 
 
 def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: FinetuneOptions,
-        config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None
-        ) -> FinetuneResult:
+        config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None,
+        lora: Any = None) -> FinetuneResult:
     """``tinygpt ppo``: PPO of the GPT at ``policy`` (also the frozen reference) against the reward model at
     ``reward``, on the prompts of ``data`` (an instruction or preference file; only instruction/input are read)."""
     from .reward import load_reward_model
@@ -259,6 +264,7 @@ def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: Finet
     eot = end_of_text_id(tokenizer)
     c = model.config.context_length
     prompts = [encode_prompt(tokenizer, p, c, f"{data}: entry {i}") for i, p in enumerate(load_prompts(data, limit))]
-    stage = PPOStage(model, prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer, config=config,
-                     eos_id=eot, pad_id=eot, **options.stage_settings())
+    stage = PPOStage(adapt(model, lora, options), prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer,
+                     config=config, eos_id=eot, pad_id=eot, **options.stage_settings())
+    stage.lora_base = str(policy)
     return run_stage(stage, options)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,8 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
-from .loop import DEFAULT_SEED, FinetuneOptions, FinetuneResult, SupervisedStage, load_start_model, run_stage
+from .loop import (DEFAULT_SEED, FinetuneOptions, FinetuneResult, SupervisedStage, adapt, is_adapted, load_start_model,
+                   run_stage)
 
 HEAD_FILE = "reward_head.safetensors"
 
@@ -172,16 +173,24 @@ class RewardStage(SupervisedStage):
         from ..training.checkpointing import export_model_files
 
         atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
-        export_model_files(self.policy, self.tokenizer, run_dir)
+        # A LoRA-trained trunk is exported merged: the reward model is a whole model PPO loads as it is.
+        trunk = self.policy
+        if is_adapted(trunk):
+            from ..lora import merged_model
+
+            trunk = merged_model(trunk)
+        export_model_files(trunk, self.tokenizer, run_dir)
 
 
 def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-                       tokenizer_dir: str | Path | None = None) -> FinetuneResult:
-    """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``."""
+                       tokenizer_dir: str | Path | None = None, lora: Any = None) -> FinetuneResult:
+    """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``;
+    ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole) and is exported merged."""
     options.check()
     examples = load_preference_data(data, limit)
     trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir)
     settings = options.stage_settings()
-    model = RewardModel(trunk, seed=settings.get("seed", DEFAULT_SEED))  # the head: seeded like the rest
-    stage = RewardStage(model, tokenizer, examples, source=str(data), **settings)
+    reward_model = RewardModel(adapt(trunk, lora, options), seed=settings.get("seed", DEFAULT_SEED))  # head seeded
+    stage = RewardStage(reward_model, tokenizer, examples, source=str(data), **settings)
+    stage.lora_base = str(model)
     return run_stage(stage, options)

@@ -79,22 +79,19 @@ def _to_peft_name(name: str, gpt2: bool) -> str:
     return f"{PREFIX}{name}.weight"
 
 
-def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
-                 overwrite: bool = False) -> None:
-    """Write the adapters of ``model`` (made by ``apply_lora``) into ``directory`` in PEFT's format; ``base``: the
-    folder or hub name of the base model, recorded as ``base_model_name_or_path`` (a local folder as an absolute
-    path). Saved through ``fileio.save_into`` (``adapter_config.json`` last)."""
-    from safetensors.torch import save_file
-
+def _adapter_files(model: nn.Module, base: str | Path | None
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """(tensors by PEFT's names, adapter_config.json, tinygpt_adapter.json) of ``model``'s adapters."""
     config: LoRAConfig | None = getattr(model, "lora_config", None)
     if config is None:
         raise ValueError("the model has no LoRA adapters (apply_lora first)")
+    ours_state = lora_state_dict(model)
     gpt2 = has_gpt2_form(model.config) and all(t in GPT2_MODULES for t in config.targets)
-    state = {_to_peft_name(name, gpt2): t.to("cpu").contiguous() for name, t in lora_state_dict(model).items()}
+    state = {_to_peft_name(name, gpt2): t.to("cpu").contiguous() for name, t in ours_state.items()}
     if base is not None and Path(base).is_dir():
         base = str(Path(base).resolve())
-    targets = [GPT2_MODULES[t] for t in config.targets] if gpt2 else sorted({
-        f"{_OURS.fullmatch(n).group(2)}" for n in lora_state_dict(model)})
+    targets = ([GPT2_MODULES[t] for t in config.targets] if gpt2
+               else sorted({_OURS.fullmatch(n).group(2) for n in ours_state}))
     peft_config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None if base is None else str(base),
         "r": config.r, "lora_alpha": config.alpha, "lora_dropout": config.dropout, "target_modules": targets,
@@ -103,11 +100,30 @@ def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | 
         "layers_to_transform": None, "layers_pattern": None, "revision": None,
     }
     ours = {"lora": config.to_dict(), "model_config": json.loads(model.config.to_json())}
+    return state, peft_config, ours
+
+
+def write_adapter_files(model: nn.Module, directory: str | Path, *, base: str | Path | None = None) -> None:
+    """Write the adapter's files into ``directory``, a folder the caller stages (a training run's ``step-N/``);
+    ``save_adapter`` is the user-facing save."""
+    from safetensors.torch import save_file
+
+    state, peft_config, ours = _adapter_files(model, base)
+    directory = Path(directory)
+    save_file(state, directory / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
+    atomic_write_text(directory / TINYGPT_FILE, json.dumps(ours, indent=2) + "\n")
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(peft_config, indent=2) + "\n")
+
+
+def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
+                 overwrite: bool = False) -> None:
+    """Write the adapters of ``model`` (made by ``apply_lora``) into ``directory`` in PEFT's format; ``base``: the
+    folder or hub name of the base model, recorded as ``base_model_name_or_path`` (a local folder as an absolute
+    path). Saved through ``fileio.save_into`` (``adapter_config.json`` last; other files kept)."""
+    state, _, _ = _adapter_files(model, base)  # errors before anything is created
     needed = sum(t.numel() * t.element_size() for t in state.values())
     with save_into(directory, ADAPTER, overwrite=overwrite, needed_bytes=needed, what="output folder") as tmp:
-        save_file(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
-        atomic_write_text(tmp / TINYGPT_FILE, json.dumps(ours, indent=2) + "\n")
-        atomic_write_text(tmp / CONFIG_FILE, json.dumps(peft_config, indent=2) + "\n")
+        write_adapter_files(model, tmp, base=base)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

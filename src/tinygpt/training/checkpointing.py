@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -69,11 +69,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokenizer | None,
-                    training_state: dict[str, Any]) -> Path:
-    """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path."""
+                    training_state: dict[str, Any], write_model: Callable[[Path], None] | None = None) -> Path:
+    """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path.
+
+    ``write_model(folder)`` writes the model's files instead of ``write_checkpoint_files`` (a LoRA run: only the
+    adapter, ``interop.peft.write_adapter_files``)."""
     target = step_dir(run_dir, step)
     with atomic_directory(target) as tmp:
-        write_checkpoint_files(model, tmp, tokenizer)
+        if write_model is None:
+            write_checkpoint_files(model, tmp, tokenizer)
+        else:
+            write_model(tmp)
         if os.environ.get(FAULT_ENV) == str(step):
             print(f"[{FAULT_ENV}] pausing inside the write of {target.name}", file=sys.stderr, flush=True)
             time.sleep(_FAULT_SLEEP_SECONDS)
@@ -82,7 +88,10 @@ def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokeni
 
 
 def is_complete(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE))
+    """A ``step-N/`` with its training state and a model: a checkpoint's files, or a LoRA adapter's."""
+    model_files = ((CONFIG_FILE, WEIGHTS_FILE), ("adapter_config.json", "adapter_model.safetensors"))
+    return (directory / STATE_FILE).is_file() and any(all((directory / n).is_file() for n in names)
+                                                      for names in model_files)
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
