@@ -43,7 +43,7 @@ SHARED_DATA = shared_data_dir()
 
 def _model_and_tokenizer(quick: bool, model_dir: str | None, data_dir: Path):
     if model_dir is not None:
-        from tinygpt.alignment.loop import load_start_model
+        from tinygpt.alignment.finetune import load_start_model
 
         return load_start_model(model_dir)
     if quick:

@@ -166,8 +166,11 @@ def _measure_dpo(name: str, size: str, policy, tokenizer, batch: int, steps: int
     times = []
     for step in range(steps):
         start = time.perf_counter()
-        stage.train_step(step, optimizer, 1.0)
-        optimizer.zero_grad(set_to_none=True)
+        for update in stage.batches(step):  # what the loop does with a stage: accumulate, step
+            for micro in update:
+                stage.loss(micro)[0].backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     timed = sorted(times[1:] or times)
     return {"config": name, "size": size, "trainable": sum(p.numel() for p in trainable),

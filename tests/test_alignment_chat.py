@@ -11,7 +11,8 @@ import torch
 from tinygpt import GPTModel, generate_text
 from tinygpt.alignment.chat import chat
 from tinygpt.alignment.data import InstructionExample, format_prompt
-from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment import FinetuneOptions
+from tinygpt.training import run_stage
 from tinygpt.alignment.sft import SFTStage
 
 pytestmark = pytest.mark.usefixtures("one_thread")

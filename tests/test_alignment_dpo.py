@@ -11,7 +11,8 @@ from conftest import PREFERENCE_DATA
 from tinygpt import GPTModel
 from tinygpt.alignment.data import load_preference_data
 from tinygpt.alignment.dpo import DPOStage, dpo_loss
-from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment import FinetuneOptions
+from tinygpt.training import run_stage
 from tinygpt.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

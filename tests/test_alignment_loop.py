@@ -6,9 +6,9 @@ import torch
 
 from conftest import INSTRUCTION_DATA
 from tinygpt import GPTModel
-from tinygpt.alignment import FinetuneDiverged, FinetuneOptions, SFTStage, run_stage
+from tinygpt.alignment import FinetuneOptions, SFTStage, run_stage
 from tinygpt.alignment.data import load_instruction_data
-from tinygpt.training import TrainingDiverged, list_checkpoints
+from tinygpt.training import Diverged, list_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,7 +41,8 @@ def test_unset_options_take_the_stage_s_and_agreeing_ones_pass(tmp_path, alignme
 
 
 def test_the_api_functions_build_their_stage_from_the_options(tmp_path, alignment_model_dir, monkeypatch):
-    from tinygpt.alignment import loop, sft
+    from tinygpt.alignment import sft
+    from tinygpt.training import loop
 
     seen = {}
     real = loop.run_stage
@@ -59,7 +60,6 @@ def test_the_api_functions_build_their_stage_from_the_options(tmp_path, alignmen
 
 def test_divergence_is_the_pretraining_error_and_names_the_kept_checkpoint(tmp_path, alignment_tokenizer,
                                                                           alignment_config, monkeypatch):
-    assert FinetuneDiverged is TrainingDiverged  # one error for both loops
     stage = _stage(alignment_tokenizer, alignment_config, batch_size=4)
     real_loss = SFTStage.loss
 
@@ -68,15 +68,15 @@ def test_divergence_is_the_pretraining_error_and_names_the_kept_checkpoint(tmp_p
         return (loss * float("nan"), metrics) if poisoned.calls >= 3 else (loss, metrics)
 
     poisoned.calls = 0
-    real_step = SFTStage.train_step
+    real_batches = SFTStage.batches
 
-    def counting(self, step, optimizer, grad_clip):
+    def counting(self, step):
         poisoned.calls = step
-        return real_step(self, step, optimizer, grad_clip)
+        return real_batches(self, step)
 
     monkeypatch.setattr(SFTStage, "loss", poisoned)
-    monkeypatch.setattr(SFTStage, "train_step", counting)
-    with pytest.raises(FinetuneDiverged, match=r"step 4: the loss is nan .* -- the last good checkpoint is .*step-2"):
+    monkeypatch.setattr(SFTStage, "batches", counting)
+    with pytest.raises(Diverged, match=r"step 4: the loss is nan .* -- the last good checkpoint is .*step-2"):
         run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=6, eval_every=2, progress=False))
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
 
@@ -93,7 +93,7 @@ def test_bf16_autocast_and_the_device_rule(tmp_path, alignment_tokenizer, alignm
 
 def test_the_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, alignment_tokenizer,
                                                                         alignment_config, monkeypatch):
-    from tinygpt.alignment import loop
+    from tinygpt.training import loop
 
     drawn = []
     real_plot = SFTStage.plot
@@ -108,3 +108,34 @@ def test_the_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_pat
     run_stage(_stage(alignment_tokenizer, alignment_config, batch_size=4),
               FinetuneOptions(out_dir=str(tmp_path / "every"), **options))
     assert drawn == [2, 4, 6]  # every evaluation once the interval has passed
+
+
+def test_sft_through_the_loop_is_the_textbook_computation(tmp_path, alignment_tokenizer, alignment_config):
+    """An SFT stage in the one loop, bit for bit, against the loop written out here: the step's batch, the masked
+    loss, AdamW with its warmup + cosine, clipping."""
+    import copy
+
+    from tinygpt.alignment.batches import batch_for_step, collate_targets, end_of_text_id
+    from tinygpt.training import build_optimizer, lr_at
+
+    stage = _stage(alignment_tokenizer, alignment_config, batch_size=4, seed=3)
+    model = copy.deepcopy(stage.policy)
+    result = run_stage(stage, FinetuneOptions(out_dir=str(tmp_path), max_steps=5, warmup_steps=2, lr=1e-3,
+                                              eval_every=100, progress=False))
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+    pad = end_of_text_id(alignment_tokenizer)
+    expected = []
+    for step in range(5):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=1e-3, min_lr=1e-3 / 10, warmup_steps=2, max_steps=5)
+        chosen = batch_for_step(len(stage.train_items), 4, step, 3)
+        inputs, targets = collate_targets([stage.train_items[i] for i in chosen], pad)
+        loss = model(inputs, targets=targets)
+        loss.backward()
+        # the norm summed in the optimizer's order of the parameters, as optim.optimizer_step does
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected.append(float(loss.detach()))
+    assert [r["loss"] for r in result.records] == expected
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), stage.policy.parameters()))

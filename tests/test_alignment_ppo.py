@@ -10,7 +10,8 @@ import torch
 
 from conftest import INSTRUCTION_DATA
 from tinygpt import GPTConfig, GPTModel
-from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment import FinetuneOptions
+from tinygpt.training import run_stage
 from tinygpt.alignment.ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
 from tinygpt.alignment.ppo_trainer import PPOStage, action_logprobs_values, build_batch
 from tinygpt.alignment.reward import RewardModel, save_reward_model

@@ -11,7 +11,8 @@ import torch
 from conftest import PREFERENCE_DATA
 from tinygpt import GPTModel
 from tinygpt.alignment.data import load_preference_data
-from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment import FinetuneOptions
+from tinygpt.training import run_stage
 from tinygpt.alignment.reward import (HEAD_FILE, RewardModel, RewardStage, bradley_terry_loss, load_reward_model,
                                       save_reward_model)
 from tinygpt.cli import main

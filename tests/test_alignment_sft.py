@@ -14,7 +14,8 @@ from conftest import INSTRUCTION_DATA
 from tinygpt import GPTModel, load_checkpoint_tokenizer, load_model
 from tinygpt.alignment.batches import IGNORE_INDEX, collate_targets
 from tinygpt.alignment.data import load_instruction_data
-from tinygpt.alignment.loop import FinetuneOptions, run_stage
+from tinygpt.alignment import FinetuneOptions
+from tinygpt.training import run_stage
 from tinygpt.alignment.sft import SFTStage, encode_instructions, response_loss
 from tinygpt.cli import main
 

@@ -154,7 +154,7 @@ def test_sigterm_during_sft_checkpoints_and_resumes(tmp_path, alignment_model_di
     resume[resume.index("--max-steps") + 1] = str(step + 1)
     resumed = subprocess.run([sys.executable, "-m", "tinygpt", *resume], cwd=tmp_path, env=ENV, capture_output=True,
                              text=True, timeout=300)
-    assert resumed.returncode == 0 and f"resumed sft from {run}/step-{step}" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and f"resumed from {run}/step-{step} at step {step}" in resumed.stderr, resumed.stderr
 
 
 def test_the_shared_refusals(tmp_path):

@@ -7,8 +7,8 @@ import torch
 from tinygpt import GPTConfig
 from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model
 from tinygpt.cli import main
-from tinygpt.training import (TrainingDiverged, TrainingOptions, flops_per_token, list_checkpoints,
-                              load_training_state, train)
+from tinygpt.training import (Diverged, TrainingOptions, flops_per_token, list_checkpoints, load_training_state,
+                              train)
 from tinygpt.training.data import prepare_corpus
 
 CONFIG = GPTConfig(vocab_size=24, context_length=16, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.1)
@@ -54,7 +54,7 @@ def test_resume_is_bit_identical(tmp_path, prepared):
     state_b = load_training_state(tmp_path / "resumed" / "step-8")
     moments_a, moments_b = state_a["optimizer"]["state"], state_b["optimizer"]["state"]
     assert all(torch.equal(moments_a[k]["exp_avg_sq"], moments_b[k]["exp_avg_sq"]) for k in moments_a)
-    assert torch.equal(state_a["sampler"]["generator"], state_b["sampler"]["generator"])
+    assert torch.equal(state_a["stage_state"]["sampler"]["generator"], state_b["stage_state"]["sampler"]["generator"])
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))  # one consistent history across the resume
 
@@ -79,16 +79,21 @@ def test_a_run_leaves_a_loadable_model_metrics_and_plot(tmp_path, prepared):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, prepared, monkeypatch):
-    from tinygpt.training import loop
+    from tinygpt.training.pretrain import PretrainStage
 
-    real_loss = loop._Run.loss
+    real_batches, real_loss = PretrainStage.batches, PretrainStage.loss
 
-    def poisoned(self, x, y):
-        value = real_loss(self, x, y)
-        return value * float("nan") if self.step >= 5 else value
+    def counting(self, step):
+        self.step = step
+        return real_batches(self, step)
 
-    monkeypatch.setattr(loop._Run, "loss", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"step 6: the loss is nan .*step-4"):
+    def poisoned(self, batch):
+        value, metrics = real_loss(self, batch)
+        return (value * float("nan") if self.step >= 5 else value), metrics
+
+    monkeypatch.setattr(PretrainStage, "batches", counting)
+    monkeypatch.setattr(PretrainStage, "loss", poisoned)
+    with pytest.raises(Diverged, match=r"step 6: the loss is nan .*step-4"):
         train(options(tmp_path / "run", prepared))
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4]
     assert load_training_state(tmp_path / "run" / "step-4")["step"] == 4
@@ -204,11 +209,11 @@ def test_every_command_checks_its_out_before_the_work(tmp_path, training_text_fi
 
 
 def test_loss_plot_is_drawn_at_the_end_and_at_most_once_per_interval(tmp_path, prepared, monkeypatch):
-    from tinygpt.training import loop
+    from tinygpt.training import loop, pretrain
 
     drawn = []
-    real_plot = loop.plot_losses
-    monkeypatch.setattr(loop, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
+    real_plot = pretrain.plot_losses
+    monkeypatch.setattr(pretrain, "plot_losses", lambda records, path, **kw: (drawn.append(records[-1]["step"]),
                                                                            real_plot(records, path, **kw)))
     train(options(tmp_path / "quick", prepared))  # evals at 4 and 8, well inside one interval
     assert drawn == [8] and (tmp_path / "quick" / "loss.png").is_file()
@@ -231,3 +236,43 @@ def test_the_eval_sample_is_the_cached_generation_of_the_model(tmp_path, prepare
                      generator=torch.Generator().manual_seed(0))
     assert result.samples[-1] == tokenizer.decode(ids + again.tokens[0, : again.lengths[0]].tolist())
     assert len(result.samples) == 2  # one per eval
+
+
+def test_the_loop_is_the_textbook_computation(tmp_path, prepared):
+    """Pretraining through the one loop, step for step and bit for bit, against a loop written out here as nanoGPT
+    writes its own: seed, init, AdamW, warmup + cosine, accumulated micro-batches, clipping (dropout on: the RNG
+    stream must be consumed in the same order, too)."""
+    import random
+
+    import numpy as np
+
+    from tinygpt import GPTModel
+    from tinygpt.training import PreparedCorpus, WindowSampler, build_optimizer, lr_at
+
+    settings = options(tmp_path / "run", prepared, max_steps=6, grad_accum=2, eval_every=100)
+    result = train(settings)
+    logged = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    model = GPTModel(CONFIG).train()
+    optimizer = build_optimizer(model, lr=settings.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    sampler = WindowSampler(PreparedCorpus.open(prepared).train, CONFIG.context_length, 0)
+    expected = []
+    for step in range(6):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=settings.lr, min_lr=settings.lr / 10, warmup_steps=2, max_steps=6)
+        total = torch.zeros(())
+        for _ in range(2):
+            x, y = sampler.sample(settings.batch_size)
+            loss = model(x, targets=y)
+            (loss / 2).backward()
+            total += loss.detach()
+        # the norm summed in the optimizer's order of the parameters, as optim.optimizer_step does
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected.append(float(total / 2))
+    assert logged == expected
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), result.model.parameters()))

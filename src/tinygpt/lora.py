@@ -175,6 +175,11 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, scaling={self.scaling:g}, parts={self.parts}"
 
 
+def is_adapted(model: nn.Module) -> bool:
+    """Whether ``model`` carries LoRA adapters (``apply_lora``): it trains them rather than its own weights."""
+    return getattr(model, "lora_config", None) is not None
+
+
 def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
     """(name, module) of every ``LoRALinear`` in ``model``."""
     for name, module in model.named_modules():
@@ -209,6 +214,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int | None = None)
             parent = block.get_submodule(parent_path)
             setattr(parent, child, LoRALinear(parent.get_submodule(child), config, parts, generator))
     model.lora_config = config  # read by interop.peft.save_adapter
+    model.lora_base = None  # the base's folder or hub name, which a saved adapter names (set by whoever knows it)
     return model
 
 

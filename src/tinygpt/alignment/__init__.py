@@ -3,8 +3,8 @@
 - ``data``: the Alpaca prompt template, JSON / JSONL loading, validation that names the bad entry.
 - ``batches``: prompt + response + end-of-text, truncated to C, padded with end-of-text, prompt/pad targets -100.
 - ``options``: ``FinetuneOptions``, the settings every stage shares (torch-free; the CLI's flags come from it).
-- ``loop``: the fine-tuning loop every stage shares (schedule, progress, metrics, checkpoints, resume, stop on a
-  signal), built on ``tinygpt.training``'s optimizer step, schedule, lifecycle, checkpoint and metrics helpers.
+- ``finetune``: what the stages share (``FinetuneStage``, ``SupervisedStage``, ``load_start_model``); each runs in
+  the one training loop, ``tinygpt.training.loop.run_stage``, as pretraining does.
 - ``sft``, ``reward``, ``dpo``, ``ppo`` (the math) + ``ppo_trainer`` (rollouts and updates), ``chat``.
 
 Names are imported on first use (PEP 562), so importing the package is cheap.
@@ -29,12 +29,11 @@ _EXPORTS = {
     "dpo": "dpo",
     "dpo_loss": "dpo",
     "token_logprobs": "logprobs",
-    "FinetuneDiverged": "loop",
     "FinetuneOptions": "options",
-    "FinetuneResult": "loop",
-    "Stage": "loop",
-    "SupervisedStage": "loop",
-    "run_stage": "loop",
+    "FinetuneStage": "finetune",
+    "SupervisedStage": "finetune",
+    "load_start_model": "finetune",
+    "run_stage": ".training.loop",  # the one loop, tinygpt.training's, also offered here beside the stages
     "PPOConfig": "ppo",
     "gae": "ppo",
     "PPOStage": "ppo_trainer",

@@ -27,8 +27,10 @@ from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
 from .data import PreferenceExample, load_preference_data
 from .logprobs import sequence_logprobs
-from .loop import (FinetuneOptions, FinetuneResult, SupervisedStage, adapt, is_adapted, load_start_model,
-                   reference_model, run_stage)
+from ..training.loop import TrainingResult, run_stage
+from ..lora import is_adapted
+from .finetune import SupervisedStage, adapt, load_start_model, reference_model
+from .options import FinetuneOptions
 from .reward import EncodedPair, encode_preferences
 
 
@@ -85,20 +87,19 @@ class DPOStage(SupervisedStage):
         ref_chosen, ref_rejected = self._reference(items)
         loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta)
         margin = chosen - rejected
-        return loss, {"loss": float(loss.detach()), "margin": float(margin.mean()),
+        return loss, {"margin": float(margin.mean()),
                       "accuracy": float((margin > 0).float().mean()), "chosen_reward": float(chosen.mean()),
                       "rejected_reward": float(rejected.mean())}
 
 
 def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: float = 0.1,
-        limit: int | None = None, tokenizer_dir: str | Path | None = None, lora: Any = None) -> FinetuneResult:
+        limit: int | None = None, tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
     """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``;
     ``lora`` (a ``LoRAConfig``) trains adapters, the reference being the base with them switched off."""
     options.check()
     checks.positive_number("beta", beta)
     examples = load_preference_data(data, limit)
     policy, tokenizer = load_start_model(model, options.device, tokenizer_dir)
-    stage = DPOStage(adapt(policy, lora, options), tokenizer, examples, beta=beta, source=str(data),
+    stage = DPOStage(adapt(policy, lora, options, model), tokenizer, examples, beta=beta, source=str(data),
                      **options.stage_settings())
-    stage.lora_base = str(model)
     return run_stage(stage, options)

@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from .. import checks
 from ..checks import option
 from ..fileio import RUN, check_save_target
-from ..training.options import DTYPES
+from ..training.options import LoopOptions
 
 
 STAGE_SETTINGS = ("batch_size", "val_fraction", "seed")  # a stage's own, also accepted here (see FinetuneOptions)
 
 
 @dataclass
-class FinetuneOptions:
-    """Settings shared by every stage. ``max_steps`` None = ``epochs`` passes over the training examples.
+class FinetuneOptions(LoopOptions):
+    """Settings shared by every stage (``LoopOptions`` with fine-tuning's defaults, and these). ``max_steps`` None =
+    ``epochs`` passes over the training examples.
 
     ``batch_size``, ``val_fraction`` and ``seed`` belong to the stage, which splits and batches its data with them:
     ``sft``/``dpo``/``train_reward_model``/``ppo`` build their stage from these (None: the stage's defaults, 8,
@@ -28,29 +29,21 @@ class FinetuneOptions:
 
     out_dir: str = option("runs/finetune", "run folder: step-N checkpoints, metrics.jsonl, plot, final model",
                           flag="--out", metavar="DIR")
-    force: bool = option(False, "write the run into a folder that holds other files (they are kept)")
+    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest; auto = OUT's "
+                                      "newest, if any", metavar="DIR|auto", default_help="a fresh start")
     epochs: int = option(1, "passes over the training examples")
     max_steps: int | None = option(None, "optimizer steps in all", default_help="from --epochs")
     stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint); --resume continues",
                                     metavar="STEP", default_help="no stop")
     batch_size: int | None = option(None, "examples per step", default_help=8)
     lr: float = option(5e-5, "peak learning rate")
-    min_lr: float | None = option(None, "learning rate at the end of the cosine", default_help="lr/10")
     warmup_steps: int = option(0, "linear warmup steps")
-    weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
     grad_clip: float = option(1.0, "global gradient-norm clip, 0 = off")
     eval_every: int = option(50, "evaluate and plot every N steps", metavar="N")
-    checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
-                                          default_help="--eval-every")
-    keep_last: int = option(2, "step-N/ folders kept")
+    keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
     val_fraction: float | None = option(None, "examples held out", default_help=0.1)
     seed: int | None = option(None, "seed of the split, data order, head initialisation, dropout and sampling",
                               default_help=1337)
-    device: str | None = option(None, "cpu, cuda or cuda:N", default_help="cuda when available")
-    dtype: str = option("auto", "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
-                                "else float32", choices=DTYPES)
-    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest; auto = OUT's "
-                                      "newest, if any", metavar="DIR|auto", default_help="a fresh start")
     progress: bool = option(True, "no progress bar", flag="--no-progress")
 
     def stage_settings(self) -> dict[str, int | float]:
@@ -59,19 +52,10 @@ class FinetuneOptions:
 
     def check(self) -> None:
         """``OptionError`` (a ``ValueError``) naming the first bad setting."""
-        for name in ("epochs", "eval_every"):
-            checks.positive_int(name, getattr(self, name))
-        for name in ("batch_size", "max_steps", "stop_after", "checkpoint_every"):
-            checks.positive_int(name, getattr(self, name), optional=True)
-        for name in ("warmup_steps", "keep_last"):
-            checks.non_negative_int(name, getattr(self, name))
-        checks.positive_number("lr", self.lr)
-        checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
-        checks.non_negative_number("weight_decay", self.weight_decay)
-        checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
+        checks.positive_int("epochs", self.epochs)
+        checks.positive_int("batch_size", self.batch_size, optional=True)
+        super().check()
         if self.val_fraction is not None:
             checks.fraction("val_fraction", self.val_fraction)
-        checks.non_negative_int("seed", self.seed, optional=True)
-        checks.choice("dtype", self.dtype, DTYPES)
         # Every stage calls this first: the run folder is checked before the model is even loaded.
         check_save_target(self.out_dir, RUN, overwrite=self.force)

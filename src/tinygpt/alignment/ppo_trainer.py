@@ -30,9 +30,10 @@ from ..tokenizer import Tokenizer
 from .batches import batch_for_step, batches_per_epoch, encode_prompt, end_of_text_id, split_indices
 from .data import load_prompts
 from .logprobs import entropy, masked_mean
-from ..training.optim import optimizer_step
-from .loop import (FinetuneOptions, FinetuneResult, Stage, adapt, is_adapted, load_start_model, reference_model,
-                   run_stage)
+from ..training.loop import TrainingResult, run_stage
+from ..lora import is_adapted
+from .finetune import FinetuneStage, adapt, load_start_model, reference_model
+from .options import FinetuneOptions
 from .reward import scalar_head
 from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
 
@@ -93,7 +94,7 @@ def action_logprobs_values(model: GPTModel, value_head: nn.Module | None, inputs
     return logp, values, entropy(logits)
 
 
-class PPOStage(Stage):
+class PPOStage(FinetuneStage):
     """PPO of ``policy`` on prompts (token ids) against ``reward_fn``, KL-anchored to ``reference``."""
 
     name = "ppo"
@@ -105,7 +106,7 @@ class PPOStage(Stage):
                  batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337) -> None:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.config = config or PPOConfig()
-        # A LoRA policy is its own frozen policy with the adapters off (reference_model): the base is held once.
+        # A LoRA policy is its own frozen policy with the adapters off (reference_model): no second copy of the base.
         self.reference = reference if reference is not None or is_adapted(policy) else copy.deepcopy(policy)
         if self.reference is not None:
             self.reference.eval().requires_grad_(False)
@@ -150,35 +151,39 @@ class PPOStage(Stage):
         return Rollout(inputs, action_index, actions, mask, logp_old, values_old * mask,
                        whiten(advantages, mask), returns, scores, kl.sum(dim=1), float(masked_mean(ent, mask)))
 
-    def train_step(self, step: int, optimizer: torch.optim.Optimizer, grad_clip: float) -> dict[str, float]:
+    def batches(self, step: int) -> list[list[torch.Tensor]]:
+        """Sample and score this step's rollout, then its updates: ``ppo_epochs`` shuffles of the rollout's rows cut
+        into minibatches, one optimizer update each (row indices [m])."""
         cfg = self.config
         self.policy.eval()  # dropout off: see the module docstring
         chosen = batch_for_step(len(self.train_prompts), self.batch_size, step, self.seed)
         r = self.rollout([self.train_prompts[i] for i in chosen])
+        self._rollout = r
         b = r.inputs.shape[0]
         size = cfg.minibatch_size or b
-        totals = {"policy_loss": 0.0, "value_loss": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
-        updates = 0
+        updates = []
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(b, generator=self.generator, device=self.generator.device).to(r.inputs.device)
-            for start in range(0, b, size):
-                rows = order[start : start + size]
-                mask = r.mask[rows]
-                logp, values, ent = action_logprobs_values(self.policy, self.heads["value"], r.inputs[rows],
-                                                           r.action_index[rows], r.actions[rows], cfg.temperature)
-                p_loss, clip_fraction = policy_loss(logp, r.logp_old[rows], r.advantages[rows], mask, cfg.clip_range)
-                v_loss = value_loss(values, r.values_old[rows], r.returns[rows], mask, cfg.value_clip_range)
-                loss = p_loss + cfg.value_coef * v_loss - cfg.entropy_coef * masked_mean(ent, mask)
-                loss.backward()
-                totals["grad_norm"] += optimizer_step(optimizer, float(loss.detach()), grad_clip, step)
-                totals["policy_loss"] += float(p_loss.detach())
-                totals["value_loss"] += float(v_loss.detach())
-                totals["clip_fraction"] += float(clip_fraction)
-                updates += 1
-        metrics = {k: v / updates for k, v in totals.items()}
-        metrics.update(reward=float(r.scores.mean()), kl=float(r.kl.mean()), entropy=r.entropy,
-                       response_length=float(r.mask.sum(dim=1).float().mean()))
-        return metrics
+            updates.extend([order[start : start + size]] for start in range(0, b, size))
+        return updates
+
+    def loss(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy loss + value_coef x the clipped value loss - entropy_coef x the entropy, on the
+        rollout's ``rows``."""
+        cfg, r = self.config, self._rollout
+        mask = r.mask[rows]
+        logp, values, ent = action_logprobs_values(self.policy, self.heads["value"], r.inputs[rows],
+                                                   r.action_index[rows], r.actions[rows], cfg.temperature)
+        p_loss, clip_fraction = policy_loss(logp, r.logp_old[rows], r.advantages[rows], mask, cfg.clip_range)
+        v_loss = value_loss(values, r.values_old[rows], r.returns[rows], mask, cfg.value_clip_range)
+        loss = p_loss + cfg.value_coef * v_loss - cfg.entropy_coef * masked_mean(ent, mask)
+        return loss, {"policy_loss": float(p_loss.detach()), "value_loss": float(v_loss.detach()),
+                      "clip_fraction": float(clip_fraction)}
+
+    def step_metrics(self) -> dict[str, float]:
+        r = self._rollout
+        return {"reward": float(r.scores.mean()), "kl": float(r.kl.mean()), "entropy": r.entropy,
+                "response_length": float(r.mask.sum(dim=1).float().mean())}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -245,7 +250,7 @@ def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:
 
 def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: FinetuneOptions,
         config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None,
-        lora: Any = None) -> FinetuneResult:
+        lora: Any = None) -> TrainingResult:
     """``tinygpt ppo``: PPO of the GPT at ``policy`` (also the frozen reference) against the reward model at
     ``reward``, on the prompts of ``data`` (an instruction or preference file; only instruction/input are read)."""
     from .reward import load_reward_model
@@ -264,7 +269,6 @@ def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: Finet
     eot = end_of_text_id(tokenizer)
     c = model.config.context_length
     prompts = [encode_prompt(tokenizer, p, c, f"{data}: entry {i}") for i, p in enumerate(load_prompts(data, limit))]
-    stage = PPOStage(adapt(model, lora, options), prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer,
-                     config=config, eos_id=eot, pad_id=eot, **options.stage_settings())
-    stage.lora_base = str(policy)
+    stage = PPOStage(adapt(model, lora, options, policy), prompts, reward_model_fn(reward_model, eot),
+                     tokenizer=tokenizer, config=config, eos_id=eot, pad_id=eot, **options.stage_settings())
     return run_stage(stage, options)

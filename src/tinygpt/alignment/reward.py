@@ -26,8 +26,10 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
-from .loop import (DEFAULT_SEED, FinetuneOptions, FinetuneResult, SupervisedStage, adapt, is_adapted, load_start_model,
-                   run_stage)
+from ..training.loop import DEFAULT_SEED, TrainingResult, run_stage
+from ..lora import is_adapted
+from .finetune import SupervisedStage, adapt, load_start_model
+from .options import FinetuneOptions
 
 HEAD_FILE = "reward_head.safetensors"
 
@@ -163,34 +165,31 @@ class RewardStage(SupervisedStage):
         r_chosen, r_rejected = rewards[: len(items)], rewards[len(items):]
         loss = bradley_terry_loss(r_chosen, r_rejected)
         margin = (r_chosen - r_rejected).detach().float()
-        return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
+        return loss, {"accuracy": float((margin > 0).float().mean()),
                       "margin": float(margin.mean())}
 
-    def export(self, run_dir: Path) -> None:
+    def export(self, model: GPTModel, run_dir: Path) -> None:
         """The head first, then the trunk's files (each replaced atomically, config last)."""
         from safetensors.torch import save_file
 
-        from ..training.checkpointing import export_model_files
-
         atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
-        # A LoRA-trained trunk is exported merged: the reward model is a whole model PPO loads as it is.
-        trunk = self.policy
-        if is_adapted(trunk):
+        if is_adapted(model):  # a LoRA-trained trunk is exported merged: a whole reward model, as PPO reads it
             from ..lora import merged_model
+            from ..training.checkpointing import export_model_files
 
-            trunk = merged_model(trunk)
-        export_model_files(trunk, self.tokenizer, run_dir)
+            export_model_files(merged_model(model), self.tokenizer, run_dir)
+            return
+        super().export(model, run_dir)
 
 
 def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-                       tokenizer_dir: str | Path | None = None, lora: Any = None) -> FinetuneResult:
+                       tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
     """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``;
     ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole) and is exported merged."""
     options.check()
     examples = load_preference_data(data, limit)
     trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir)
     settings = options.stage_settings()
-    reward_model = RewardModel(adapt(trunk, lora, options), seed=settings.get("seed", DEFAULT_SEED))  # head seeded
+    reward_model = RewardModel(adapt(trunk, lora, options, model), seed=settings.get("seed", DEFAULT_SEED))  # seeded
     stage = RewardStage(reward_model, tokenizer, examples, source=str(data), **settings)
-    stage.lora_base = str(model)
     return run_stage(stage, options)

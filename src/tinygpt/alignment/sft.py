@@ -18,7 +18,9 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_example, end_of_text_id
 from .data import InstructionExample, load_instruction_data
-from .loop import FinetuneOptions, FinetuneResult, SupervisedStage, adapt, load_start_model, run_stage
+from ..training.loop import TrainingResult, run_stage
+from .finetune import SupervisedStage, adapt, load_start_model
+from .options import FinetuneOptions
 
 
 def response_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -50,18 +52,17 @@ class SFTStage(SupervisedStage):
         device = next(self.policy.parameters()).device
         inputs, targets = (t.to(device) for t in collate_targets(items, self.pad_id))
         # = response_loss(self.policy(inputs), targets), through the head-fused loss: no [B, T, V] logits
-        loss = self.policy(inputs, targets=targets)
-        return loss, {"loss": float(loss.detach())}
+        return self.policy(inputs, targets=targets), {}
 
 
 def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-        tokenizer_dir: str | Path | None = None, lora: Any = None) -> FinetuneResult:
+        tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
     """``tinygpt sft``: fine-tune the model at ``model`` on the instruction file ``data``; the result (and its
     tokenizer) lands in ``options.out_dir``, loadable by ``load_model`` / ``tinygpt generate`` / ``tinygpt chat``.
     ``lora`` (a ``LoRAConfig``) trains adapters instead; the run folder then holds the adapter (PEFT's format)."""
     options.check()
     examples = load_instruction_data(data, limit)
     base, tokenizer = load_start_model(model, options.device, tokenizer_dir)
-    stage = SFTStage(adapt(base, lora, options), tokenizer, examples, source=str(data), **options.stage_settings())
-    stage.lora_base = str(model)
+    stage = SFTStage(adapt(base, lora, options, model), tokenizer, examples, source=str(data),
+                     **options.stage_settings())
     return run_stage(stage, options)

@@ -86,6 +86,7 @@ def _adapter_files(model: nn.Module, base: str | Path | None
     if config is None:
         raise ValueError("the model has no LoRA adapters (apply_lora first)")
     ours_state = lora_state_dict(model)
+    base = base if base is not None else getattr(model, "lora_base", None)
     gpt2 = has_gpt2_form(model.config) and all(t in GPT2_MODULES for t in config.targets)
     state = {_to_peft_name(name, gpt2): t.to("cpu").contiguous() for name, t in ours_state.items()}
     if base is not None and Path(base).is_dir():

@@ -1,4 +1,5 @@
-"""Pretraining: corpus preparation, batches, AdamW + schedule, the training loop, checkpoints, torchrun scale-out.
+"""Training: the one loop every stage runs in, pretraining (corpus preparation, batches), AdamW + schedule,
+checkpoints and resume, torchrun scale-out.
 
 Names are imported on first use (PEP 562), so ``tinygpt.training.options`` -- what the CLI needs to build its
 ``--help`` -- loads without pulling in the loop and torch.distributed.
@@ -19,15 +20,18 @@ _EXPORTS = {
     "find_text_files": "data",
     "prepare_corpus": "data",
     "prepare_or_reuse": "data",
-    "TrainingDiverged": "loop",
     "TrainingResult": "loop",
-    "resolve_config": "loop",
-    "train": "loop",
+    "run_stage": "loop",
+    "PretrainStage": "pretrain",
+    "resolve_config": "pretrain",
+    "train": "pretrain",
+    "Stage": "stage",
     "flops_per_token": "metrics",
     "unigram_entropy": "metrics",
     "build_optimizer": "optim",
     "lr_at": "optim",
     "DEFAULT_MODEL": "options",
+    "LoopOptions": "options",
     "TrainingOptions": "options",
 }
 

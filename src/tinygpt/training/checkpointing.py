@@ -20,11 +20,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..config import GPTConfig
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_model, write_checkpoint_files
 from ..fileio import atomic_directory, atomic_write_with, remove_temporaries
 from ..model import GPTModel
@@ -69,17 +70,23 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokenizer | None,
-                    training_state: dict[str, Any], write_model: Callable[[Path], None] | None = None) -> Path:
+                    training_state: dict[str, Any]) -> Path:
     """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path.
 
-    ``write_model(folder)`` writes the model's files instead of ``write_checkpoint_files`` (a LoRA run: only the
-    adapter, ``interop.peft.write_adapter_files``)."""
+    A model with LoRA adapters (``tinygpt.lora``) is written as its adapter alone (``interop.peft``, naming its
+    base) and the tokenizer: only what trains, not the frozen base."""
+    from ..lora import is_adapted
+
     target = step_dir(run_dir, step)
     with atomic_directory(target) as tmp:
-        if write_model is None:
-            write_checkpoint_files(model, tmp, tokenizer)
+        if is_adapted(model):
+            from ..interop.peft import write_adapter_files
+
+            write_adapter_files(model, tmp, base=model.lora_base)
+            if tokenizer is not None:
+                tokenizer.save(tmp)
         else:
-            write_model(tmp)
+            write_checkpoint_files(model, tmp, tokenizer)
         if os.environ.get(FAULT_ENV) == str(step):
             print(f"[{FAULT_ENV}] pausing inside the write of {target.name}", file=sys.stderr, flush=True)
             time.sleep(_FAULT_SLEEP_SECONDS)
@@ -107,7 +114,9 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def load_training_state(directory: Path) -> dict[str, Any]:
+def load_training_state(directory: Path, stage: str | None = None) -> dict[str, Any]:
+    """The training state of the checkpoint ``directory``; with ``stage``, refused unless a run of that stage wrote
+    it (a checkpoint from before stages were named is pretraining's, ``"train"``)."""
     path = Path(directory) / STATE_FILE
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -117,7 +126,61 @@ def load_training_state(directory: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: cannot read the training state ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{path} is not a tinygpt training state")
+    written_by = state.get("stage", "train")
+    if stage is not None and written_by != stage:
+        raise ValueError(f"{directory} is a checkpoint of the {written_by!r} stage, not {stage!r}")
+    if "stage_state" not in state and "sampler" in state:  # pretraining's layout before the one loop
+        state = {**state, "stage_state": {"sampler": state["sampler"]}, "heads": {}}
     return state
+
+
+def config_mismatch(wanted: GPTConfig, saved: GPTConfig, directory: Path, what: str) -> str | None:
+    """None when the configs agree, else the error: ``{what} does not match the checkpoint DIR: k=a vs checkpoint
+    b, ...`` (one wording for every stage)."""
+    diff = {k: (v, getattr(saved, k)) for k, v in wanted.to_dict().items() if getattr(saved, k) != v}
+    if not diff:
+        return None
+    return f"{what} does not match the checkpoint {directory}: " + ", ".join(
+        f"{k}={a!r} vs checkpoint {b!r}" for k, (a, b) in diff.items())
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
+    """Kind, size and every token's text: two tokenizers with the same fingerprint give the same ids."""
+    return [tokenizer.kind, str(tokenizer.vocab_size), *(tokenizer.decode([i]) for i in range(tokenizer.vocab_size))]
+
+
+def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
+    """Load a checkpoint's model weights into ``stage.policy`` and its heads' into ``stage.heads`` (in place, before
+    the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's."""
+    from ..checkpoint import load_config, load_model
+    from ..lora import is_adapted
+    from ..tokenizer import load_tokenizer
+
+    adapter = None
+    if is_adapted(stage.policy):  # a LoRA run's step-N/ holds the adapter; the base is the run's starting model
+        from ..interop.peft import read_adapter
+
+        adapter = read_adapter(directory)
+        if adapter.config != stage.policy.lora_config:
+            raise ValueError(f"{directory}: the run trained LoRA {adapter.config.to_dict()}, but the options give "
+                             f"{stage.policy.lora_config.to_dict()}: resume with the run's --lora-* flags")
+    saved_config = adapter.model_config if adapter is not None else load_config(directory)
+    problem = config_mismatch(stage.policy.config, saved_config, directory, f"the {stage.name} model")
+    if problem:
+        raise ValueError(problem)
+    if stage.tokenizer is not None:
+        saved_tokenizer = load_tokenizer(directory)
+        if tokenizer_fingerprint(saved_tokenizer) != tokenizer_fingerprint(stage.tokenizer):
+            raise ValueError(f"the checkpoint {directory} was trained with a different tokenizer "
+                             f"({saved_tokenizer!r}) than this run's ({stage.tokenizer!r})")
+    if adapter is not None:
+        from ..lora import load_lora_state_dict
+
+        load_lora_state_dict(stage.policy, adapter.state, source=str(directory))
+    else:
+        saved = load_model(directory, device=stage.device)
+        stage.policy.load_state_dict(saved.state_dict())
+    stage.heads.load_state_dict(state["heads"])
 
 
 def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | None:

@@ -113,7 +113,13 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, opt
     The weights themselves come back through ``load_model`` before wrapping."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+    try:
+        # strict=False: a parameter that never had a gradient (a reward model's unused LM head) has no AdamW state.
+        set_optimizer_state_dict(model, optimizer, optimizer_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+    except (KeyError, ValueError, RuntimeError) as err:  # a state keyed otherwise (an older fine-tuning run's)
+        raise ValueError(f"cannot restore the optimizer state of the checkpoint ({type(err).__name__}: {err}); "
+                         f"start a fresh run from its model instead") from None
 
 
 def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""How a run starts, refuses to start, and stops (torch-free: the command line imports it cheaply): shared by pretraining (``training.loop``) and fine-tuning
-(``alignment.loop``).
+"""How a run starts, refuses to start, and stops (torch-free: the command line imports it cheaply), for every stage
+of the one loop (``training.loop``).
 
 - A fresh start into a folder that already holds checkpoints is refused (``refuse_fresh_start``), as is a resume
   of a run that is already at its last step (``refuse_finished``): neither silently overwrites nor silently does

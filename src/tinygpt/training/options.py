@@ -20,10 +20,68 @@ TOKENIZER_HELP = ("gpt2 (the pretrained GPT-2 BPE), char (one id per character s
 
 
 @dataclass
-class TrainingOptions:
-    """Every setting of a run. ``data=None`` and ``prepared=None`` train on the embedded corpus.
+class LoopOptions:
+    """What the one training loop (``training.loop.run_stage``) reads, for every stage: the schedule, evaluation,
+    checkpoints, resume, device, logging. ``TrainingOptions`` (pretraining) and ``FinetuneOptions`` (SFT, reward,
+    PPO, DPO) extend it, each with its own defaults; a field's ``metadata`` holds its command-line help."""
 
-    Each field's ``metadata`` holds its command-line help: ``tinygpt train`` is built from these fields."""
+    out_dir: str = option("runs/tinygpt", "run folder: checkpoints, metrics, plot, final model", flag="--out",
+                          metavar="DIR")
+    force: bool = option(False, "write the run into a folder that holds other files (they are kept)")
+    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest one; auto = "
+                                      "OUT's newest, or a fresh start when there is none", metavar="DIR|auto",
+                                default_help="a fresh start")
+    max_steps: int | None = option(2000, "optimizer steps in all")
+    stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint) as if interrupted; "
+                                          "the schedule still runs to --max-steps, and --resume continues",
+                                    metavar="STEP", default_help="no stop")
+    lr: float = option(1e-3, "peak learning rate")
+    min_lr: float | None = option(None, "learning rate at the end of the cosine", default_help="lr/10")
+    warmup_steps: int = option(100, "linear warmup steps")
+    weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off")
+    eval_every: int = option(250, "evaluate, plot (and print a sample) every N steps", metavar="N")
+    checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
+                                          default_help="--eval-every")
+    keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
+    seed: int | None = option(1337, "seed of init, data order and dropout")
+    device: str | None = option(None, "cpu, cuda or cuda:N", default_help="cuda when available")
+    dtype: str = option("auto", "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
+                                "else float32", choices=DTYPES)
+    grad_checkpoint: bool = option(False, "activation checkpointing: keep only each block's input and recompute "
+                                          "the block in the backward pass (less memory, about one more forward)")
+    tensorboard: bool = option(False, "also write the scalars as TensorBoard event files into OUT/tensorboard "
+                                      "(needs the tensorboard extra)")
+    progress: bool = option(True, "no progress bars", flag="--no-progress")
+    # Set by the commands that offer them (no flag here): max_steps None = epochs * the stage's steps per epoch.
+    epochs: int = 1
+    compile: bool = False
+    fsdp: bool = False
+
+    def check(self) -> None:
+        """``OptionError`` (a ``ValueError``) naming the first bad loop setting."""
+        for name in ("eval_every", "epochs"):
+            checks.positive_int(name, getattr(self, name))
+        for name in ("max_steps", "stop_after", "checkpoint_every"):
+            checks.positive_int(name, getattr(self, name), optional=True)
+        for name in ("warmup_steps", "keep_last"):
+            checks.non_negative_int(name, getattr(self, name))
+        checks.positive_number("lr", self.lr)
+        checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
+        checks.non_negative_number("weight_decay", self.weight_decay)
+        checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
+        checks.non_negative_int("seed", self.seed, optional=True)
+        checks.choice("dtype", self.dtype, DTYPES)
+        checks.boolean("grad_checkpoint", self.grad_checkpoint)
+        checks.boolean("tensorboard", self.tensorboard)
+
+
+@dataclass
+class TrainingOptions(LoopOptions):
+    """Every setting of a pretraining run (``LoopOptions`` and these). ``data=None`` and ``prepared=None`` train on
+    the embedded corpus. ``tinygpt train`` is built from these fields."""
 
     data: list[str] | None = option(None, "text files or folders, prepared into OUT/data (default: the Python "
                                           "standard library's .py sources, which every Python installation carries)",
@@ -42,34 +100,11 @@ class TrainingOptions:
                                  default_help="the config's")
     context_length: int | None = option(None, "override the config's context length C", metavar="C",
                                         default_help="the config's")
-    out_dir: str = option("runs/tinygpt", "run folder: checkpoints, metrics, plot, final model", flag="--out",
-                          metavar="DIR")
-    force: bool = option(False, "write the run into a folder that holds other files (they are kept)")
-    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest one; auto = "
-                                      "OUT's newest, or a fresh start when there is none", metavar="DIR|auto",
-                                default_help="a fresh start")
     max_steps: int = option(2000, "optimizer steps in all")
-    stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint) as if interrupted; "
-                                          "the schedule still runs to --max-steps, and --resume continues",
-                                    metavar="STEP", default_help="no stop")
+    seed: int = option(1337, "seed of init, data order and dropout")
     batch_size: int = option(16, "windows per micro-batch per process")
     grad_accum: int = option(1, "micro-batches per optimizer step")
-    lr: float = option(1e-3, "peak learning rate")
-    min_lr: float | None = option(None, "learning rate at the end of the cosine", default_help="lr/10")
-    warmup_steps: int = option(100, "linear warmup steps")
-    weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off")
-    eval_every: int = option(250, "evaluate train/val loss, print a sample, plot, every N steps", metavar="N")
     eval_iters: int = option(20, "batches per split in each evaluation")
-    checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
-                                          default_help="--eval-every")
-    keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
-    seed: int = option(1337, "seed of init, data order and dropout")
-    device: str | None = option(None, "cpu, cuda or cuda:N", default_help="cuda when available")
-    dtype: str = option("auto", "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
-                                "else float32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the model")
     fsdp: bool = option(False, "shard with FSDP2 fully_shard (under torchrun) instead of DDP")
     sample_tokens: int = option(200, "tokens of the sample printed at each eval")
@@ -78,7 +113,6 @@ class TrainingOptions:
     peak_tflops: float | None = option(None, "peak TFLOP/s for the MFU estimate",
                                        default_help="known GPUs' bf16 peak; none on CPU")
     val_fraction: float = option(0.1, "the last fraction of the tokens held out for validation (with --data)")
-    progress: bool = option(True, "no progress bars", flag="--no-progress")
 
     def check(self) -> None:
         """``OptionError`` (a ``ValueError``) naming the first bad setting."""
@@ -88,12 +122,8 @@ class TrainingOptions:
             checks.non_negative_int(name, getattr(self, name))
         for name in ("checkpoint_every", "stop_after", "n_layers", "n_heads", "emb_dim", "context_length"):
             checks.positive_int(name, getattr(self, name), optional=True)
-        checks.positive_number("lr", self.lr)
-        checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
-        checks.non_negative_number("weight_decay", self.weight_decay)
-        checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
+        super().check()
         checks.non_negative_number("sample_temperature", self.sample_temperature, note="(0 = greedy)")
         checks.fraction("val_fraction", self.val_fraction)
-        checks.choice("dtype", self.dtype, DTYPES)
         if self.data is not None and self.prepared is not None:
             raise ValueError("give either data paths or a prepared corpus, not both")
