@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .common import format_table, shared_data_dir, write_json_atomic
+from .common import format_table, run_json_process, shared_data_dir, write_json_atomic
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = shared_data_dir()
 CONFIGS = ("full", "lora-r8", "lora-r16", "qlora-r8", "peft-r8", "dpo-full", "dpo-lora-r8")
 SIZES = ("gpt2-small", "gpt2-medium")
@@ -199,14 +197,9 @@ def run(quick: bool, *, sizes: Sequence[str] = SIZES, configs: Sequence[str] = C
         for name in configs:
             if name in skipped:
                 continue
-            cmd = [sys.executable, "-m", "benchmarks.lora", "--one", name, "--size", size, "--steps", str(steps),
-                   "--batch", str(batch), "--tokens", str(tokens), "--data-dir", str(data_dir)]
-            if quick:
-                cmd.append("--quick")
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-            if done.returncode != 0:
-                raise RuntimeError(f"lora benchmark {name}/{size} failed:\n{done.stderr[-2000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            args = ["--one", name, "--size", size, "--steps", str(steps), "--batch", str(batch), "--tokens",
+                    str(tokens), "--data-dir", str(data_dir), *(["--quick"] if quick else [])]
+            rows.append(run_json_process("lora", args, f"lora benchmark {name}/{size}"))
     for row in rows:
         same = {r["config"]: r for r in rows if r["size"] == row["size"]}
         full = same.get("dpo-full" if row["config"].startswith("dpo") else "full")
