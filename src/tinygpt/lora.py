@@ -274,7 +274,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     wrapped = dict(lora_modules(model))
     quantized = {name: m for name, m in model.named_modules() if isinstance(m, NF4Linear)}
     for name, tensor in model.state_dict().items():
-        owner, _, leaf = name.rpartition(".")
+        leaf = name.rpartition(".")[2]
         if ".lora_A." in name or ".lora_B." in name or leaf in ("weight_nf4", "weight_absmax"):
             continue
         state[name.replace(".base.", ".")] = tensor.detach().clone()
