@@ -128,3 +128,56 @@ def test_no_deprecation_warnings_from_tinygpt_itself(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-m", "tinygpt", "params",
                            "--config", "tiny"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("command,cls_path,required", [
+    ("generate", "tinygpt.command_options.GenerateOptions", {"model": "m", "prompt": "x"}),
+    ("chat", "tinygpt.command_options.ChatOptions", {"model": "m"}),
+    ("eval", "tinygpt.evaluation.options.EvalOptions", {"model": "m"}),
+])
+def test_generate_chat_and_eval_flags_come_from_their_options(command, cls_path, required):
+    import importlib
+
+    module, name = cls_path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
+    parser = _subparser(command)
+    dests = {a.dest: a for a in parser._actions}
+    with_help = [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
+    assert len(with_help) >= 5 and all(f.name in dests for f in with_help)
+    argv = [arg for key, value in required.items() for arg in (f"--{key}", value)]
+    parsed = options_from_args(cls, parser.parse_args(argv))
+    expected = {f.name: [] if f.metadata.get("action") == "append" else f.default for f in with_help}
+    assert parsed == cls(**{**expected, **required})
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_every_generation_setting_is_a_flag(command):
+    """Every GenerationConfig field but the three the command sets itself (token ids) is a flag: a setting added to
+    GenerationConfig appears on the command line, and reaches the config."""
+    from tinygpt.cli.common import sampling_config
+    from tinygpt.generation import GenerationConfig
+
+    parser = _subparser(command)
+    dests = {a.dest for a in parser._actions}
+    settable = [f.name for f in dataclasses.fields(GenerationConfig) if f.name not in ("eos_id", "pad_id", "stop")]
+    assert set(settable) <= dests
+    args = parser.parse_args(["--model", "m", *(["--prompt", "x"] if command == "generate" else []),
+                              "--temperature", "0.5", "--top-p", "0.9", "--overflow", "shift", "--shift-keep", "3",
+                              "--no-cache"])
+    config = sampling_config(args, command)
+    assert (config.temperature, config.top_p, config.overflow, config.shift_keep, config.use_cache) == (
+        0.5, 0.9, "shift", 3, False)
+    assert config.seed == 1337 and config.repetition_penalty == 1.0
+
+
+def test_every_field_makes_flags_of_fields_without_help():
+    @dataclasses.dataclass
+    class Demo:
+        budget: int | None = None
+        fast: bool = True
+        ids: tuple[int, ...] = ()  # not a command-line value
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, Demo, every_field=True, metadata={"budget": {"help": "at most N", "metavar": "N"}})
+    assert options_from_args(Demo, parser.parse_args(["--budget", "4", "--no-fast"])) == Demo(budget=4, fast=False)
+    assert "at most N" in parser.format_help() and "--ids" not in parser.format_help()

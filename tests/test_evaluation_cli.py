@@ -102,8 +102,8 @@ def test_text_shorter_than_one_window(eval_model_dirs, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     ([], "nothing to evaluate"),
-    (["--text", "x.txt", "--window", "1"], "--window=1 must be >= 2"),
-    (["--text", "x.txt", "--batch-size", "0"], "--batch-size=0 must be >= 1"),
+    (["--text", "x.txt", "--window", "1"], "--window 1 must be an integer >= 2"),
+    (["--text", "x.txt", "--batch-size", "0"], "--batch-size 0 must be an integer >= 1"),
     (["--tasks", "tinygpt_choice", "--stride", "8"], "--window and --stride apply to perplexity"),
     (["--text", "missing.txt"], "cannot read --text missing.txt"),
     (["--data", "missing_dir"], "missing_dir is not a prepared corpus"),

@@ -11,7 +11,7 @@ import torch
 
 from tinygpt import GPTConfig
 from tinygpt.checkpoint import load_model
-from tinygpt.training import TrainingOptions, train
+from tinygpt.training import TrainingOptions, list_checkpoints, train
 from tinygpt.training.data import prepare_corpus
 
 CONFIG = GPTConfig(vocab_size=24, context_length=16, emb_dim=16, n_heads=2, n_layers=2)
@@ -83,3 +83,109 @@ def test_two_ranks_match_one_process(tmp_path, training_text_file):
                for k in expected)  # the comparison is of trained weights, not of the init
     fsdp = dict(load_model(tmp_path / "fsdp").named_parameters())
     assert max((fsdp[k] - expected[k]).abs().max().item() for k in expected) <= 1e-6
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(tmp_path, train_args: list[str], per_node: tuple[list[str], list[str]] = ([], []),
+               timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """``torchrun --nnodes 2`` on this host: two launchers, one process each, meeting at a rendezvous on
+    127.0.0.1:<free port> (static, --node-rank 0/1), gloo over the loopback interface; ``per_node``: each node's
+    own extra arguments."""
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
+         str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "tinygpt", "train", *train_args,
+         *per_node[rank]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for rank in (0, 1)]
+    done = []
+    try:
+        for proc in launchers:
+            out, err = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in launchers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_process_and_resume_at_another_world_size(tmp_path, training_text_file):
+    """2 nodes x 1 process x batch 2 = the global batch of 1 process x batch 4: the same windows, the same losses.
+    Only rank 0 writes (one metrics line per step, one summary). The 2-node checkpoint resumes in one process: with
+    the same global batch it continues the same computation."""
+    import json
+
+    prepared = tmp_path / "prep"
+    prepare_corpus([training_text_file], "char", prepared, progress=False)
+    config = tmp_path / "config.json"
+    config.write_text(CONFIG.to_json())
+    common = ["--prepared", str(prepared), "--config", str(config), "--max-steps", "4", "--warmup-steps", "1",
+              "--eval-every", "2", "--eval-iters", "1", "--sample-tokens", "4", "--device", "cpu", "--seed", "0",
+              "--lr", "1e-2", "--no-progress"]
+    nodes = _two_nodes(tmp_path, [*common, "--out", str(tmp_path / "nodes"), "--batch-size", "2"])
+    for node in nodes:
+        assert node.returncode == 0, node.stdout[-2000:] + node.stderr[-6000:]
+    assert "done: step 4" in nodes[0].stdout and "done: step 4" not in nodes[1].stdout  # rank 0 reports
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = train(TrainingOptions(prepared=str(prepared), out_dir=str(tmp_path / "single"), batch_size=4,
+                                       **SETTINGS))
+        # The 2-node run's step-2 checkpoint, resumed by one process with the same global batch.
+        import shutil
+
+        shutil.copytree(tmp_path / "nodes" / "step-2", tmp_path / "from-nodes" / "step-2")
+        resumed = train(TrainingOptions(prepared=str(prepared), out_dir=str(tmp_path / "from-nodes"),
+                                        batch_size=4, resume="auto", **SETTINGS))
+    finally:
+        torch.set_num_threads(threads)
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    two = losses(tmp_path / "nodes")
+    assert [json.loads(line)["step"] for line in (tmp_path / "nodes" / "metrics.jsonl").read_text().splitlines()] \
+        == [1, 2, 3, 4]  # written once: by rank 0 alone
+    assert two == pytest.approx(losses(tmp_path / "single"), rel=1e-5)  # float tolerance: the all-reduce's sums
+    expected = dict(single.model.named_parameters())
+    nodes_model = dict(load_model(tmp_path / "nodes").named_parameters())
+    assert max((nodes_model[k] - expected[k]).abs().max().item() for k in expected) <= 1e-6
+    after = dict(resumed.model.named_parameters())
+    assert resumed.step == 4 and max((after[k] - expected[k]).abs().max().item() for k in expected) <= 1e-6
+
+
+@pytest.mark.slow
+def test_nodes_that_see_different_checkpoints_are_refused(tmp_path, training_text_file):
+    """Each node with its own --out (no shared file system): rank 0 finds a checkpoint, rank 1 none -- refused on
+    both, in one line, instead of training on from two different states."""
+    prepared = tmp_path / "prep"
+    prepare_corpus([training_text_file], "char", prepared, progress=False)
+    config = tmp_path / "config.json"
+    config.write_text(CONFIG.to_json())
+    common = ["--prepared", str(prepared), "--config", str(config), "--max-steps", "4", "--eval-every", "2",
+              "--eval-iters", "1", "--sample-tokens", "0", "--device", "cpu", "--no-progress", "--batch-size", "2",
+              "--resume", "auto"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(TrainingOptions(prepared=str(prepared), out_dir=str(tmp_path / "run"), batch_size=4, config=CONFIG,
+                              max_steps=4, stop_after=2, eval_every=2, eval_iters=1, sample_tokens=0, progress=False,
+                              device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    nodes = _two_nodes(tmp_path, common, (["--out", str(tmp_path / "run")], ["--out", str(tmp_path / "other")]))
+    for node in nodes:  # torchrun itself exits 1 when its worker fails; the worker's own code was 2
+        assert node.returncode == 1 and "exitcode  : 2" in node.stderr, node.stderr[-4000:]
+        assert "tinygpt train: error: the ranks resume from different steps ([2, -1]" in node.stderr, node.stderr
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2]  # untouched

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import (CommandError, add_device_options, add_options, add_sampling_options, options_from_args,
-                     sampling_config)
+from .common import CommandError, add_generation_options, add_options, options_from_args, sampling_config
 
 
 def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float, batch_size: int) -> None:
@@ -117,23 +116,27 @@ def _run_ppo(args: argparse.Namespace) -> int:
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
+    from ..command_options import ChatOptions
+
     p = sub.add_parser("chat", help="answer instructions typed (or piped) on stdin, one per line; /exit ends")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="a fine-tuned model (tinygpt sft/dpo/ppo)")
-    add_sampling_options(p, max_new_tokens=256)
-    add_device_options(p)
+    add_options(p, ChatOptions)
+    add_generation_options(p, max_new_tokens=256)
     p.set_defaults(run=_run_chat)
 
 
 def _run_chat(args: argparse.Namespace) -> int:
     from ..alignment.chat import chat
+    from ..command_options import ChatOptions
     from ..devices import autocast, resolve_device
     from ..interop.pretrained import load_pretrained
 
+    options = options_from_args(ChatOptions, args)
+    options.check()
     settings = sampling_config(args, "chat")  # checked before the model is loaded
-    device = resolve_device(args.device)
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
+    device = resolve_device(options.device)
+    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device)
     if tokenizer is None:
-        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+        raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -142,7 +145,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     def report_error(message: str) -> None:
         print(f"tinygpt chat: error: {message}", file=sys.stderr)
 
-    with autocast(device, args.dtype):
+    with autocast(device, options.dtype):
         chat(model, tokenizer, sys.stdin, write, settings, prompt_marker="> " if sys.stdin.isatty() else "",
-             report_error=report_error, stop_texts=args.stop)
+             report_error=report_error, stop_texts=options.stop)
     return 0

@@ -31,10 +31,6 @@ def config_from_args(name_or_file: str) -> GPTConfig:
 
 
 # ------------------------------------------------------------------------------------------ options <-> flags
-def _flag(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
 def _base_type(hint: Any) -> tuple[type, bool]:
     """(the scalar type argparse converts to, whether the field is a list) of a field's type hint."""
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
@@ -44,40 +40,63 @@ def _base_type(hint: Any) -> tuple[type, bool]:
     return (first if first in (int, float, str, bool) else str), False
 
 
+def _is_scalar(hint: Any) -> bool:
+    """An int, float, str or bool field (or an optional one)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return len(args) == 1 and args[0] in (int, float, str, bool)
+
+
 def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: dict[str, Any] | None = None,
-                skip: tuple[str, ...] = ()) -> None:
+                skip: tuple[str, ...] = (), metadata: dict[str, dict[str, Any]] | None = None,
+                every_field: bool = False) -> None:
     """One flag per field of the dataclass ``cls`` whose metadata has ``help`` (``tinygpt.checks.option``): the
     flag ``--field-name`` (or the metadata's ``flag``), the field's type and default (``defaults`` overrides it
-    for this command), the help with its default. A bool field that defaults to True gets a ``--no-...`` flag."""
+    for this command), the help with its default. A bool field that defaults to True gets a ``--no-...`` flag (both
+    ``--x``/``--no-x`` with ``both_ways``). ``metadata`` supplies the command-line metadata of fields that have none
+    of their own; ``every_field`` also makes flags of the scalar fields that have no help anywhere. Metadata may also
+    say ``required``, ``action="append"`` and ``escapes`` (the text's escape sequences decoded); a required field of
+    a ``group`` makes the group required."""
     defaults = defaults or {}
     hints = typing.get_type_hints(cls)
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for f in dataclasses.fields(cls):
-        meta = f.metadata
-        if meta.get("help") is None or f.name in skip:
+        meta = dict(f.metadata) if f.metadata.get("help") is not None else dict((metadata or {}).get(f.name, {}))
+        kind, is_list = _base_type(hints[f.name])
+        if f.name in skip:
             continue
+        if meta.get("help") is None:
+            if not (every_field and _is_scalar(hints[f.name])):
+                continue
+            meta["help"] = f"{cls.__name__}.{f.name}"
         default = defaults.get(f.name, f.default)
         target: Any = parser
         if meta.get("group"):
             if meta["group"] not in groups:
-                groups[meta["group"]] = parser.add_mutually_exclusive_group()
+                groups[meta["group"]] = parser.add_mutually_exclusive_group(required=bool(meta.get("required")))
             target = groups[meta["group"]]
-        kind, is_list = _base_type(hints[f.name])
+        flag = meta.get("flag") or ("--no-" if kind is bool and default and not meta.get("both_ways") else "--") + \
+            f.name.replace("_", "-")
         if kind is bool:
-            action = "store_false" if default else "store_true"
-            target.add_argument(_flag(f), dest=f.name, action=action, default=default, help=meta["help"])
+            action: Any = (argparse.BooleanOptionalAction if meta.get("both_ways") else
+                           "store_false" if default else "store_true")
+            target.add_argument(flag, dest=f.name, action=action, default=default, help=meta["help"])
             continue
         shown = meta.get("default_help", default)
         help_text = meta["help"] if shown is None else f"{meta['help']} (default: {shown})"
-        kwargs: dict[str, Any] = dict(dest=f.name, type=kind, default=default, help=help_text.replace("%", "%%"))
-        for key in ("metavar", "choices"):
+        kwargs: dict[str, Any] = dict(dest=f.name, type=decode_escapes if meta.get("escapes") else kind,
+                                      default=default, help=help_text.replace("%", "%%"))
+        for key in ("metavar", "choices", "action"):
             if key in meta:
                 kwargs[key] = meta[key]
+        if meta.get("action") == "append" and default is None:
+            kwargs["default"] = []
+        if meta.get("required") and not meta.get("group"):
+            kwargs["required"] = True
         if "metavar" not in kwargs and "choices" not in kwargs and kind in (int, float):
             kwargs["metavar"] = "N" if kind is int else "X"
-        if is_list:
+        if is_list and meta.get("action") != "append":
             kwargs["nargs"] = meta.get("nargs", "+")
-        target.add_argument(_flag(f), **kwargs)
+        target.add_argument(flag, **kwargs)
 
 
 def options_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
@@ -100,54 +119,58 @@ def flag_error(parser: argparse.ArgumentParser, err: OptionError) -> str:
 
 # ------------------------------------------------------------------------------------------ shared flag families
 def add_device_options(parser: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype``, with one meaning on every command (``tinygpt.devices``)."""
-    from ..training.options import DTYPES
+    """``--device`` and ``--dtype``, with one meaning on every command (``command_options.ModelOptions``)."""
+    from ..command_options import ModelOptions
 
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
-                             "else float32 (default: auto)")
+    add_options(parser, ModelOptions, skip=("model", "tokenizer_dir"))
 
 
 DEFAULT_SEED = 1337  # the one default of every command's --seed (= TrainingOptions.seed, FinetuneOptions.seed)
 
+# The command line's words for GenerationConfig's fields (which carry no help of their own). A field not named here
+# still becomes a flag of generate and chat, with its name for help; top_p and repetition_penalty default to None
+# on the command line so that sampling_config can tell the ones given.
+GENERATION_FLAGS: dict[str, dict[str, Any]] = {
+    "max_new_tokens": dict(help="tokens to add at most", metavar="N"),
+    "temperature": dict(help="0 = greedy; > 0 samples from softmax(logits / T)", metavar="T"),
+    "top_k": dict(help="sample among the K most likely tokens", metavar="K", default_help="all"),
+    "top_p": dict(help="sample among the most likely tokens whose probability sums to P", metavar="P",
+                  default_help="1 = all"),
+    "repetition_penalty": dict(help="> 1 discourages tokens already in the text", metavar="R",
+                               default_help="1 = none"),
+    "seed": dict(help="seed for sampling: the same seed gives the same text"),
+    "overflow": dict(help="beyond the context: slide = last C tokens each step, exact but slow; shift = keep the "
+                          "last C/2 and continue cached, fast approximation; error = refuse",
+                     choices=["slide", "shift", "error"]),
+    "shift_keep": dict(help="with --overflow shift: how many of the latest tokens to keep (1 .. C-1)", metavar="N",
+                       default_help="C/2"),
+    "use_cache": dict(help="recompute the whole window at every step (same text, much slower)", flag="--no-cache"),
+}
+_SET_BY_THE_COMMAND = ("eos_id", "pad_id", "stop")  # the tokenizer's ids; --stop is text, not token ids
+_GIVEN_OR_NOT = {"top_p": 1.0, "repetition_penalty": 1.0}  # None on the command line = this
 
-def add_sampling_options(parser: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
-    """The sampling and stop flags of ``generate`` and ``chat``. The sampling flags default to None so that
-    ``warn_unused_sampling`` can tell the ones given."""
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
-                        help=f"tokens to add at most (default: {max_new_tokens})")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                        help="0 = greedy (default); > 0 samples from softmax(logits / T)")
-    parser.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
-    parser.add_argument("--top-p", type=float, default=None, metavar="P",
-                        help="sample among the most likely tokens whose probability sums to P (default 1 = all)")
-    parser.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
-                        help="> 1 discourages tokens already in the text (default 1 = none)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help=f"seed for sampling: the same seed gives the same text (default: {DEFAULT_SEED})")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", type=decode_escapes,
-                        help="stop before this text (repeatable); escape sequences are decoded: \\n newline, \\t tab, "
-                             "\\\\ backslash, \\xHH, \\uHHHH (so --stop '\\n\\n' is a blank line); generation also "
-                             "stops at the end-of-text token")
-    parser.add_argument("--tokenizer-dir", metavar="DIR",
-                        help="a saved tokenizer, or a folder with GPT-2's encoder.json + vocab.bpe (or vocab.json + "
-                             "merges.txt); default: the model's own, else $TINYGPT_GPT2_VOCAB, else tiktoken's cache")
+
+def add_generation_options(parser: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    """One flag per field of ``GenerationConfig`` (words from ``GENERATION_FLAGS``), for ``generate`` and ``chat``."""
+    from ..generation import GenerationConfig
+
+    add_options(parser, GenerationConfig, metadata=GENERATION_FLAGS, every_field=True, skip=_SET_BY_THE_COMMAND,
+                defaults={"max_new_tokens": max_new_tokens, "seed": DEFAULT_SEED,
+                          **{name: None for name in _GIVEN_OR_NOT}})
 
 
 def sampling_config(args: argparse.Namespace, command: str, **extra: Any) -> Any:
-    """The ``GenerationConfig`` of ``add_sampling_options``' flags (and ``extra`` fields), checked; then a warning
+    """The ``GenerationConfig`` of ``add_generation_options``' flags (and ``extra`` fields), checked; then a warning
     (one line on stderr, as Hugging Face gives) about sampling flags that greedy decoding (``--temperature 0``)
     ignores."""
     from ..generation import GenerationConfig
 
-    if any(not text for text in args.stop):
-        raise CommandError("--stop needs a non-empty text")
-    config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=1.0 if args.top_p is None else args.top_p,
-        repetition_penalty=1.0 if args.repetition_penalty is None else args.repetition_penalty, seed=args.seed,
-        **extra)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig)
+             if f.name not in _SET_BY_THE_COMMAND and hasattr(args, f.name)}
+    if given.get("shift_keep") is not None and given.get("overflow") != "shift":
+        raise CommandError(f"--shift-keep applies to --overflow shift only (got --overflow {given.get('overflow')})")
+    config = GenerationConfig(**{**given, **{k: v for k, v in _GIVEN_OR_NOT.items() if given.get(k) is None},
+                                 **extra})
     unused = [flag for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)) if value is not None]
     if args.temperature == 0 and unused:
         print(f"tinygpt {command}: warning: {' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no "

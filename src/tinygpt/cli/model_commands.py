@@ -8,7 +8,8 @@ import sys
 
 from ..config import PRESETS, GPTConfig
 from ..params import count_parameters
-from .common import CommandError, add_device_options, add_sampling_options, config_from_args, sampling_config
+from .common import (CommandError, add_generation_options, add_options, config_from_args, options_from_args,
+                     sampling_config)
 
 
 def _add_params(sub: argparse._SubParsersAction) -> None:
@@ -94,51 +95,39 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from ..command_options import GenerateOptions
+
     p = sub.add_parser("generate", help="continue a prompt with a saved model (greedy unless --temperature > 0)")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
-                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="the text to continue; - reads it from stdin")
-    source.add_argument("--prompt-file", metavar="PATH", help="read the text to continue from a UTF-8 file")
-    add_sampling_options(p, max_new_tokens=50)
-    p.add_argument("--no-cache", dest="use_cache", action="store_false",
-                   help="recompute the whole window at every step (same text, much slower)")
-    p.add_argument("--overflow", choices=["slide", "shift", "error"], default="slide",
-                   help="beyond the context: slide = last C tokens each step, exact but slow (default); "
-                        "shift = keep the last C/2 and continue cached, fast approximation; error = refuse")
-    p.add_argument("--shift-keep", type=int, default=None, metavar="N",
-                   help="with --overflow shift: how many of the latest tokens to keep (1 .. C-1; default C/2)")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="print the text as it is generated (default) or all at the end")
-    add_device_options(p)
+    add_options(p, GenerateOptions)
+    add_generation_options(p, max_new_tokens=50)
     p.set_defaults(run=_run_generate)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    from ..command_options import GenerateOptions
     from ..devices import autocast, resolve_device
     from ..interop.pretrained import load_pretrained
     from ..text_stream import stream_text
 
-    if args.prompt_file is not None:
+    options = options_from_args(GenerateOptions, args)
+    options.check()
+    if options.prompt_file is not None:
         try:
-            prompt = open(args.prompt_file, encoding="utf-8").read()
+            prompt = open(options.prompt_file, encoding="utf-8").read()
         except (OSError, UnicodeDecodeError) as err:
-            raise CommandError(f"cannot read --prompt-file {args.prompt_file}: {err}") from None
+            raise CommandError(f"cannot read --prompt-file {options.prompt_file}: {err}") from None
     else:
-        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.shift_keep is not None and args.overflow != "shift":
-        raise CommandError(f"--shift-keep applies to --overflow shift only (got --overflow {args.overflow})")
-    settings = sampling_config(args, "generate", overflow=args.overflow, shift_keep=args.shift_keep,
-                               use_cache=args.use_cache)  # checked before the model is loaded
-    device = resolve_device(args.device)
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
+        prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
+    settings = sampling_config(args, "generate")  # checked before the model is loaded
+    device = resolve_device(options.device)
+    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device)
     if tokenizer is None:
-        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+        raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
-    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=args.stop)
-    with autocast(device, args.dtype):
-        if not args.stream:
+    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=options.stop)
+    with autocast(device, options.dtype):
+        if not options.stream:
             print(prompt + "".join(pieces))
             return 0
         sys.stdout.write(prompt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -143,6 +144,17 @@ def any_rank(flag: bool, ctx: DistContext) -> bool:
     value = torch.tensor(int(flag), device=ctx.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def check_same_on_every_rank(value: int, ctx: DistContext, message: Callable[[list[int]], str]) -> None:
+    """``ValueError(message(values))`` on every rank unless every rank passed the same ``value`` (a collective)."""
+    if not ctx.distributed:
+        return
+    gathered = [torch.zeros((), dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, torch.tensor(value, dtype=torch.long, device=ctx.device))
+    seen = [int(v) for v in gathered]
+    if len(set(seen)) > 1:
+        raise ValueError(message(seen))
 
 
 def is_main_process() -> bool:

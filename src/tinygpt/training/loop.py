@@ -130,6 +130,9 @@ class _Loop:
             remove_partial_checkpoints(self.run_dir)
         resume_from = resolve_resume(o.resume, self.run_dir)
         state = None if resume_from is None else load_training_state(resume_from, stage.name)
+        dist_utils.check_same_on_every_rank(-1 if state is None else int(state["step"]), ctx, lambda seen: (
+            f"the ranks resume from different steps ({seen}; -1 = a fresh start): every node must see the same "
+            f"run folder (--out on a shared file system) or the same --resume checkpoint"))
         if state is None:
             refuse_fresh_start(self.run_dir)
         stage.setup(o, ctx, resume_from)

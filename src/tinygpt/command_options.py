@@ -1,0 +1,63 @@
+"""The options of the commands that run a saved model -- ``generate`` and ``chat`` -- as dataclasses whose fields make
+the commands' flags (``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
+
+The generation settings themselves (temperature, top-k, ...) are not repeated here: every field of
+``tinygpt.generation.GenerationConfig`` becomes a flag of both commands (``cli.common.add_generation_options``), so
+a setting added there appears on the command line without an edit here. ``evaluation.options.EvalOptions`` is
+``eval``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import checks
+from .checks import option
+
+DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
+DEVICE_HELP = "cpu, cuda or cuda:N"
+DTYPE_HELP = "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, else float32"
+MODEL_HELP = "a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)"
+
+
+@dataclass
+class ModelOptions:
+    """The model a command runs, and where: one meaning on every command."""
+
+    model: str = option(None, MODEL_HELP, metavar="DIR|HUBNAME", required=True)
+    tokenizer_dir: str | None = option(None, "a saved tokenizer, or a folder with GPT-2's encoder.json + vocab.bpe "
+                                             "(or vocab.json + merges.txt); default: the model's own, else "
+                                             "$TINYGPT_GPT2_VOCAB, else tiktoken's cache", metavar="DIR")
+    device: str | None = option(None, DEVICE_HELP, default_help="cuda when available")
+    dtype: str = option("auto", DTYPE_HELP, choices=DTYPES)
+
+    def check(self) -> None:
+        checks.choice("dtype", self.dtype, DTYPES)
+
+
+@dataclass
+class ChatOptions(ModelOptions):
+    """``tinygpt chat``: instructions on stdin, answers on stdout (with ``GenerationConfig``'s settings)."""
+
+    model: str = option(None, "a fine-tuned model (tinygpt sft/dpo/ppo)", metavar="DIR|HUBNAME", required=True)
+    stop: list[str] = option(None, "stop before this text (repeatable); escape sequences are decoded: \\n newline, "
+                                   "\\t tab, \\\\ backslash, \\xHH, \\uHHHH (so --stop '\\n\\n' is a blank line); "
+                                   "generation also stops at the end-of-text token", metavar="TEXT",
+                             action="append", escapes=True, default_help=None)
+
+    def check(self) -> None:
+        super().check()
+        if any(not text for text in self.stop or ()):
+            raise ValueError("--stop needs a non-empty text")
+
+
+@dataclass
+class GenerateOptions(ChatOptions):
+    """``tinygpt generate``: continue one prompt (with ``GenerationConfig``'s settings)."""
+
+    model: str = option(None, MODEL_HELP, metavar="DIR|HUBNAME", required=True)
+    prompt: str | None = option(None, "the text to continue; - reads it from stdin", group="prompt", required=True)
+    prompt_file: str | None = option(None, "read the text to continue from a UTF-8 file", metavar="PATH",
+                                     group="prompt")
+    stream: bool = option(True, "print the text as it is generated (default) or all at the end",
+                          both_ways=True)
