@@ -47,3 +47,20 @@ def test_nf4_linear_is_the_product_with_the_dequantised_weight():
     torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + linear.bias, rtol=1e-5, atol=1e-6)
     assert not any(p.requires_grad for p in q.parameters())
     assert sum(b.numel() * b.element_size() for b in q.buffers()) < linear.weight.numel() * 4 / 7
+
+
+def test_nf4_linear_gradient_is_the_plain_products_and_keeps_no_float_weight():
+    linear = torch.nn.Linear(64, 32)
+    q = NF4Linear.from_linear(linear)
+    x = torch.randn(3, 5, 64, requires_grad=True)
+    plain = torch.nn.functional.linear(x, q.dequantized_weight(), linear.bias)
+    (want,) = torch.autograd.grad(plain.square().sum(), x)
+    out = q(x)
+    torch.testing.assert_close(out, plain, rtol=0, atol=1e-6)
+    # what autograd keeps from the forward: no [32, 64] float tensor (the weight is dequantised again)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        out = q(x)
+    assert (32, 64) not in [tuple(s) for s in saved]
+    (got,) = torch.autograd.grad(out.square().sum(), x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

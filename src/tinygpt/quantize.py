@@ -16,6 +16,8 @@ the input's dtype) and runs through ``tinygpt.fast.linear``. Measured by ``pytho
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -96,10 +98,28 @@ class NF4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _NF4Product.apply(x, self, bias)
         return linear(x, self.dequantized_weight(x.dtype), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, nf4, block_size={self.block_size}"
+
+
+class _NF4Product(torch.autograd.Function):
+    """x W^T + b whose backward dequantises W again instead of keeping it: autograd would otherwise hold every
+    layer's float weight from the forward to the backward, the very memory NF4 saves (bitsandbytes' MatMul4Bit does
+    the same). Gradients flow to x only: W and b are frozen."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, module: NF4Linear, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.module = module
+        return linear(x, module.dequantized_weight(x.dtype), bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        weight = ctx.module.dequantized_weight(grad.dtype)  # [out, in]
+        return grad @ weight, None, None  # [..., out] @ [out, in] -> [..., in]
 
 
 def quantize_linears(model: nn.Module, block_size: int = BLOCK_SIZE) -> int:
