@@ -191,6 +191,20 @@ def spread(stats: dict[str, float]) -> str:
     return f"{stats['median_s'] * 1e3:.1f} [{stats['min_s'] * 1e3:.1f}-{stats['max_s'] * 1e3:.1f}]"
 
 
+def run_json_process(module: str, args: list[str], what: str) -> dict[str, Any]:
+    """Run ``python -m benchmarks.<module> ARGS`` in a fresh process (from the repository root) and return the JSON
+    object its last stdout line holds; a failure is a ``RuntimeError`` with the end of its stderr."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True,
+                          check=False, cwd=root)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as JSON, atomically and with the umask's permissions (``tinygpt.fileio``)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from .common import format_table
+from .common import format_table, run_json_process
 
 WORKS = ("import", "build", "forward")
 IMPLS = ("tinygpt", "hf")
-ROOT = Path(__file__).resolve().parents[1]  # the directory holding the benchmarks package
 
 
 def _peak_mib() -> float:
@@ -67,13 +65,8 @@ def run(quick: bool, works: tuple[str, ...] = WORKS) -> dict[str, Any]:
     impls = [impl for impl in IMPLS if impl not in skipped]
     for work in works:
         for impl in impls:  # interleaved, as everywhere
-            cmd = [sys.executable, "-m", "benchmarks.memory", "--impl", impl, "--work", work]
-            if quick:
-                cmd.append("--quick")
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-            if done.returncode != 0:
-                raise RuntimeError(f"memory measurement {impl}/{work} failed:\n{done.stderr[-2000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            args = ["--impl", impl, "--work", work, *(["--quick"] if quick else [])]
+            rows.append(run_json_process("memory", args, f"memory measurement {impl}/{work}"))
     for row in rows:
         hf = next((r for r in rows if r["work"] == row["work"] and r["impl"] == "hf"), None)
         row["ratio_to_hf"] = row["peak_rss_mib"] / hf["peak_rss_mib"] if hf else None

@@ -118,3 +118,21 @@ def test_under_torch_compile_it_is_the_plain_expression():
     compiled = torch.compile(head_cross_entropy, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(h, weight, targets),
                                F.cross_entropy((h @ weight.t()).flatten(0, 1), targets.flatten()))
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden"])
+def test_a_frozen_input_gets_no_gradient_and_the_other_the_plain_one(monkeypatch, frozen):
+    # A LoRA run freezes the head: its [V, D] gradient is then neither computed nor held.
+    torch.manual_seed(0)
+    h, weight, targets = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(41, 16, dtype=torch.float64), \
+        torch.randint(0, 41, (2, 5))
+    (_, gh, gw), _ = _plain_and_fused(h, weight, targets)
+    hh, ww = h.clone().requires_grad_(frozen != "hidden"), weight.clone().requires_grad_(frozen != "weight")
+    big = []
+    real_zeros_like = torch.zeros_like
+    monkeypatch.setattr(head_loss.torch, "zeros_like", lambda t, **k: big.append(t.shape) or real_zeros_like(t, **k))
+    head_cross_entropy(hh, ww, targets).backward()
+    if frozen == "weight":
+        assert ww.grad is None and big == [] and torch.allclose(hh.grad, gh, atol=1e-12)
+    else:
+        assert hh.grad is None and torch.allclose(ww.grad, gw, atol=1e-12)

@@ -255,7 +255,9 @@ CHECKPOINT = FolderKind("tinygpt checkpoint", ("config.json",), _is_checkpoint, 
 HF_MODEL = FolderKind("Hugging Face model", ("config.json",),
                       lambda d: (d / "config.json").is_file() and not _is_checkpoint(d))
 PREPARED_CORPUS = FolderKind("prepared corpus", ("prepared.json",), lambda d: (d / "prepared.json").is_file())
-KINDS = (RUN, REWARD_MODEL, CHECKPOINT, HF_MODEL, PREPARED_CORPUS)  # the first that matches names a folder
+ADAPTER = FolderKind("LoRA adapter", ("adapter_config.json",), lambda d: (d / "adapter_config.json").is_file(),
+                     over=(RUN.name,))
+KINDS = (RUN, REWARD_MODEL, CHECKPOINT, ADAPTER, HF_MODEL, PREPARED_CORPUS)  # the first that matches names a folder
 UNRELATED = FolderKind("folder of other files", (), lambda d: True)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,8 @@ from .batches import collate_targets, end_of_text_id
 from .data import ALPACA_CHAT_TEMPLATE, PreferenceExample, load_preference_data
 from .logprobs import sequence_logprobs
 from ..training.loop import TrainingResult, run_stage
-from .finetune import SupervisedStage, load_start_model
+from ..lora import is_adapted
+from .finetune import SupervisedStage, adapt, load_start_model, reference_model
 from .options import FinetuneOptions
 from .reward import EncodedPair, encode_preferences
 
@@ -56,7 +57,10 @@ class DPOStage(SupervisedStage):
         # The Alpaca chat template, as SFT saves it: the prompts DPO trains on are Alpaca prompts.
         self.tokenizer = tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
         self.heads = nn.ModuleDict()
-        self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
+        # A LoRA policy is its own reference with the adapters off (reference_model): no second copy of the base.
+        self.reference = reference if reference is not None or is_adapted(policy) else copy.deepcopy(policy)
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
         self.pad_id = end_of_text_id(tokenizer)
         self._reference_logps: dict[EncodedPair, tuple[float, float]] = {}  # the reference never changes
         pairs = encode_preferences(tokenizer, examples, policy.config.context_length, source)
@@ -72,8 +76,8 @@ class DPOStage(SupervisedStage):
     def _reference(self, items: Sequence[EncodedPair]) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [p for p in items if p not in self._reference_logps]
         if missing:
-            with torch.no_grad():
-                chosen, rejected = self._sequence_logps(self.reference, missing)
+            with torch.no_grad(), reference_model(self.reference, self.policy) as reference:
+                chosen, rejected = self._sequence_logps(reference, missing)
             for p, c, r in zip(missing, chosen.tolist(), rejected.tolist()):
                 self._reference_logps[p] = (c, r)
         device = next(self.policy.parameters()).device
@@ -91,11 +95,13 @@ class DPOStage(SupervisedStage):
 
 
 def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: float = 0.1,
-        limit: int | None = None, tokenizer_dir: str | Path | None = None) -> TrainingResult:
-    """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``."""
+        limit: int | None = None, tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
+    """``tinygpt dpo``: DPO of the GPT at ``model`` (also the frozen reference) on the preference file ``data``;
+    ``lora`` (a ``LoRAConfig``) trains adapters, the reference being the base with them switched off."""
     options.check()
     checks.positive_number("beta", beta)
     examples = load_preference_data(data, limit)
     policy, tokenizer = load_start_model(model, options.device, tokenizer_dir)
-    stage = DPOStage(policy, tokenizer, examples, beta=beta, source=str(data), **options.stage_settings())
+    stage = DPOStage(adapt(policy, lora, options, model), tokenizer, examples, beta=beta, source=str(data),
+                     **options.stage_settings())
     return run_stage(stage, options)

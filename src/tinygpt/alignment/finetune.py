@@ -7,16 +7,20 @@
 
 A ``step-N/`` folder of a fine-tuning run is the stage's GPT as a loadable checkpoint plus ``training_state.pt``
 (the loop's: optimizer, RNG states, step, the stage's heads -- a reward or value head -- and generator states).
+With LoRA (``adapt``) it is the adapter instead (PEFT's format, naming the base), and so is the finished run;
+``reference_model`` is then the policy's own base, its adapters switched off.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..devices import resolve_device
+from ..lora import is_adapted
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from ..training.distributed import DistContext
@@ -44,6 +48,48 @@ class FinetuneStage(Stage):
         if isinstance(options, FinetuneOptions):
             check_stage_agrees(self, options)
         check_memory(self.policy.config, 0, self.device, what=f"{self.name} fine-tuning")
+
+    def export(self, model: GPTModel, run_dir: Path) -> None:
+        """The finished model into ``run_dir``: a checkpoint's files, or with LoRA the adapter (naming its base)."""
+        if is_adapted(model):
+            from ..interop.peft import save_adapter
+
+            save_adapter(model, run_dir)
+            return
+        super().export(model, run_dir)
+
+
+def adapt(model: GPTModel, lora: Any, options: FinetuneOptions, base: str | Path) -> GPTModel:
+    """``model`` with LoRA adapters (``lora``: a ``LoRAConfig``; None = full fine-tuning, the model as it is). The
+    A matrices are drawn from the run's seed; ``base`` (the folder or hub name the model came from) is what every
+    saved adapter names as its base."""
+    if lora is None:
+        return model
+    from ..lora import apply_lora
+    from ..training.loop import DEFAULT_SEED
+
+    seed = options.seed if options.seed is not None else DEFAULT_SEED
+    apply_lora(model, lora, seed=seed)
+    model.lora_base = str(Path(base).resolve()) if Path(base).is_dir() else str(base)
+    return model
+
+
+@contextlib.contextmanager
+def reference_model(reference: GPTModel | None, policy: GPTModel) -> Iterator[GPTModel]:
+    """The frozen model DPO and PPO compare the policy with: ``reference`` itself, or with ``None`` (a LoRA
+    policy) the policy's own base -- its adapters switched off, in eval mode -- so the base is held once."""
+    if reference is not None:
+        yield reference
+        return
+    from ..lora import adapters_disabled
+
+    was_training = policy.training
+    policy.eval()
+    try:
+        with adapters_disabled(policy):
+            yield policy
+    finally:
+        policy.train(was_training)
 
 
 class SupervisedStage(FinetuneStage):

@@ -31,7 +31,8 @@ from .batches import batch_for_step, batches_per_epoch, encode_prompt, end_of_te
 from .data import load_prompts
 from .logprobs import entropy, masked_mean
 from ..training.loop import TrainingResult, run_stage
-from .finetune import FinetuneStage, load_start_model
+from ..lora import is_adapted
+from .finetune import FinetuneStage, adapt, load_start_model, reference_model
 from .options import FinetuneOptions
 from .reward import scalar_head
 from .ppo import PPOConfig, gae, policy_loss, token_rewards, value_loss, whiten
@@ -105,7 +106,10 @@ class PPOStage(FinetuneStage):
                  batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337) -> None:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.config = config or PPOConfig()
-        self.reference = (reference if reference is not None else copy.deepcopy(policy)).eval().requires_grad_(False)
+        # A LoRA policy is its own frozen policy with the adapters off (reference_model): no second copy of the base.
+        self.reference = reference if reference is not None or is_adapted(policy) else copy.deepcopy(policy)
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
         param = next(policy.parameters())
         self.heads = nn.ModuleDict({"value": scalar_head(policy, seed)})  # seeded: same seed, same head
         self.eos_id = eos_id
@@ -140,7 +144,8 @@ class PPOStage(FinetuneStage):
         t = cfg.temperature
         logp_old, values_old, ent = action_logprobs_values(self.policy, self.heads["value"], inputs, action_index,
                                                            actions, t)
-        logp_ref, _, _ = action_logprobs_values(self.reference, None, inputs, action_index, actions, t)
+        with reference_model(self.reference, self.policy) as reference:
+            logp_ref, _, _ = action_logprobs_values(reference, None, inputs, action_index, actions, t)
         rewards, kl = token_rewards(scores, logp_old, logp_ref, mask, cfg.kl_coef)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.lam)
         return Rollout(inputs, action_index, actions, mask, logp_old, values_old * mask,
@@ -244,8 +249,8 @@ def reward_model_fn(reward_model: nn.Module, pad_id: int) -> RewardFn:
 
 
 def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: FinetuneOptions,
-        config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None
-        ) -> TrainingResult:
+        config: PPOConfig | None = None, *, limit: int | None = None, tokenizer_dir: str | Path | None = None,
+        lora: Any = None) -> TrainingResult:
     """``tinygpt ppo``: PPO of the GPT at ``policy`` (also the frozen reference) against the reward model at
     ``reward``, on the prompts of ``data`` (an instruction or preference file; only instruction/input are read)."""
     from .reward import load_reward_model
@@ -264,6 +269,6 @@ def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: Finet
     eot = end_of_text_id(tokenizer)
     c = model.config.context_length
     prompts = [encode_prompt(tokenizer, p, c, f"{data}: entry {i}") for i, p in enumerate(load_prompts(data, limit))]
-    stage = PPOStage(model, prompts, reward_model_fn(reward_model, eot), tokenizer=tokenizer, config=config,
-                     eos_id=eot, pad_id=eot, **options.stage_settings())
+    stage = PPOStage(adapt(model, lora, options, policy), prompts, reward_model_fn(reward_model, eot),
+                     tokenizer=tokenizer, config=config, eos_id=eot, pad_id=eot, **options.stage_settings())
     return run_stage(stage, options)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,8 @@ from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
 from ..training.loop import DEFAULT_SEED, TrainingResult, run_stage
-from .finetune import SupervisedStage, load_start_model
+from ..lora import is_adapted
+from .finetune import SupervisedStage, adapt, load_start_model
 from .options import FinetuneOptions
 
 HEAD_FILE = "reward_head.safetensors"
@@ -172,16 +173,23 @@ class RewardStage(SupervisedStage):
         from safetensors.torch import save_file
 
         atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
+        if is_adapted(model):  # a LoRA-trained trunk is exported merged: a whole reward model, as PPO reads it
+            from ..lora import merged_model
+            from ..training.checkpointing import export_model_files
+
+            export_model_files(merged_model(model), self.tokenizer, run_dir)
+            return
         super().export(model, run_dir)
 
 
 def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-                       tokenizer_dir: str | Path | None = None) -> TrainingResult:
-    """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``."""
+                       tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
+    """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``;
+    ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole) and is exported merged."""
     options.check()
     examples = load_preference_data(data, limit)
     trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir)
     settings = options.stage_settings()
-    model = RewardModel(trunk, seed=settings.get("seed", DEFAULT_SEED))  # the head: seeded like the rest
-    stage = RewardStage(model, tokenizer, examples, source=str(data), **settings)
+    reward_model = RewardModel(adapt(trunk, lora, options, model), seed=settings.get("seed", DEFAULT_SEED))  # seeded
+    stage = RewardStage(reward_model, tokenizer, examples, source=str(data), **settings)
     return run_stage(stage, options)

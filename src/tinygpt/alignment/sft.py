@@ -8,7 +8,7 @@ small weight, exactly zero gradient -- and the model is taught to answer, not to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from ..tokenizer import Tokenizer
 from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_example, end_of_text_id
 from .data import ALPACA_CHAT_TEMPLATE, InstructionExample, load_instruction_data
 from ..training.loop import TrainingResult, run_stage
-from .finetune import SupervisedStage, load_start_model
+from .finetune import SupervisedStage, adapt, load_start_model
 from .options import FinetuneOptions
 
 
@@ -58,11 +58,13 @@ class SFTStage(SupervisedStage):
 
 
 def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
-        tokenizer_dir: str | Path | None = None) -> TrainingResult:
+        tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
     """``tinygpt sft``: fine-tune the model at ``model`` on the instruction file ``data``; the result (and its
-    tokenizer) lands in ``options.out_dir``, loadable by ``load_model`` / ``tinygpt generate`` / ``tinygpt chat``."""
+    tokenizer) lands in ``options.out_dir``, loadable by ``load_model`` / ``tinygpt generate`` / ``tinygpt chat``.
+    ``lora`` (a ``LoRAConfig``) trains adapters instead; the run folder then holds the adapter (PEFT's format)."""
     options.check()
     examples = load_instruction_data(data, limit)
     base, tokenizer = load_start_model(model, options.device, tokenizer_dir)
-    stage = SFTStage(base, tokenizer, examples, source=str(data), **options.stage_settings())
+    stage = SFTStage(adapt(base, lora, options, model), tokenizer, examples, source=str(data),
+                     **options.stage_settings())
     return run_stage(stage, options)

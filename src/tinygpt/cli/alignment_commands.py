@@ -13,7 +13,10 @@ def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float, batch
     and the tokenizer."""
     from ..alignment.options import FinetuneOptions
 
+    from ..lora_options import LoRAOptions
+
     add_options(p, FinetuneOptions, defaults={"out_dir": out, "lr": lr, "batch_size": batch_size})
+    add_options(p, LoRAOptions)
     p.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N entries of --data")
     p.add_argument("--tokenizer-dir", metavar="DIR", help="a saved tokenizer (default: the model's own)")
 
@@ -22,6 +25,13 @@ def _finetune_options(args: argparse.Namespace):
     from ..alignment.options import FinetuneOptions
 
     return options_from_args(FinetuneOptions, args)
+
+
+def _lora_config(args: argparse.Namespace):
+    """The ``LoRAConfig`` of the --lora-* flags (None without --lora-r), checked before any model is loaded."""
+    from ..lora_options import LoRAOptions
+
+    return options_from_args(LoRAOptions, args).to_config()
 
 
 def _report_finetune(result, what: str) -> int:
@@ -44,7 +54,8 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 def _run_sft(args: argparse.Namespace) -> int:
     from ..alignment.sft import sft
 
-    result = sft(args.model, args.data, _finetune_options(args), limit=args.limit, tokenizer_dir=args.tokenizer_dir)
+    result = sft(args.model, args.data, _finetune_options(args), limit=args.limit, tokenizer_dir=args.tokenizer_dir,
+                 lora=_lora_config(args))
     return _report_finetune(result, f"sft done (tinygpt chat --model {result.run_dir})")
 
 
@@ -60,7 +71,7 @@ def _run_reward(args: argparse.Namespace) -> int:
     from ..alignment.reward import train_reward_model
 
     result = train_reward_model(args.model, args.data, _finetune_options(args), limit=args.limit,
-                                tokenizer_dir=args.tokenizer_dir)
+                                tokenizer_dir=args.tokenizer_dir, lora=_lora_config(args))
     return _report_finetune(result, "reward model done")
 
 
@@ -77,7 +88,7 @@ def _run_dpo(args: argparse.Namespace) -> int:
     from ..alignment.dpo import dpo
 
     result = dpo(args.model, args.data, _finetune_options(args), beta=args.beta, limit=args.limit,
-                 tokenizer_dir=args.tokenizer_dir)
+                 tokenizer_dir=args.tokenizer_dir, lora=_lora_config(args))
     return _report_finetune(result, f"dpo done (tinygpt chat --model {result.run_dir})")
 
 
@@ -100,7 +111,7 @@ def _run_ppo(args: argparse.Namespace) -> int:
 
     config = options_from_args(PPOConfig, args)
     result = ppo(args.policy, args.reward, args.data, _finetune_options(args), config, limit=args.limit,
-                 tokenizer_dir=args.tokenizer_dir)
+                 tokenizer_dir=args.tokenizer_dir, lora=_lora_config(args))
     return _report_finetune(result, f"ppo done (tinygpt chat --model {result.run_dir})")
 
 

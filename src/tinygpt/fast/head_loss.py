@@ -68,8 +68,9 @@ class _HeadCrossEntropy(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
         n, v = h.shape[0], weight.shape[0]
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(h) if need_grad else None  # [N, D], unscaled: sum over the chunk's rows
-        grad_w = torch.zeros_like(weight) if need_grad else None  # [V, D]
+        # Each gradient only where it is wanted: a frozen head (LoRA) skips the [V, D] product and buffer.
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # [N, D], unscaled: sum over the rows
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None  # [V, D]
         rows = max(1, min(n, _CHUNK_LOGITS // max(v, 1)))
         onednn = onednn_applies(h, weight)  # grad mode is off in here: CPU float32 takes oneDNN's product
         logits_buf = None if onednn else h.new_empty(rows, v)
@@ -97,8 +98,10 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 prob.scatter_add_(1, safe_t, torch.where(keep, -1.0, 0.0).to(prob.dtype)[:, None])  # p - onehot
                 if not bool(keep.all()):
                     prob[~keep] = 0.0  # ignored rows: no gradient at all
-                torch.mm(prob, weight, out=grad_h[start : start + m])  # [m, D]
-                grad_w.addmm_(prob.t(), hc)  # [V, D]
+                if grad_h is not None:
+                    torch.mm(prob, weight, out=grad_h[start : start + m])  # [m, D]
+                if grad_w is not None:
+                    grad_w.addmm_(prob.t(), hc)  # [V, D]
         count = (targets != ignore_index).sum()
         ctx.save_for_backward(grad_h, grad_w, count)
         return (total / count).to(h.dtype)  # 0 / 0 = NaN when every target is ignored, as F.cross_entropy gives

@@ -43,9 +43,16 @@ def load_pretrained(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
 ) -> tuple[GPTModel, Tokenizer | None]:
-    """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name or a
-    ``.gguf`` file."""
+    """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name, a ``.gguf``
+    file, or a LoRA adapter folder (its base with the adapter merged in: ``load_adapted`` keeps them apart)."""
+    from .peft import is_adapter
+
     tokenizer: Tokenizer | None = None
+    if Path(source).is_dir() and is_adapter(source):
+        from ..lora import merged_model
+
+        model, tokenizer = load_adapted(source, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+        return merged_model(model), tokenizer
     if Path(source).is_file() and Path(source).suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
@@ -69,6 +76,36 @@ def load_pretrained(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model, tokenizer
+
+
+def load_adapted(adapter: str | Path, *, base: str | Path | None = None, tokenizer_dir: str | Path | None = None,
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, quantize: str | None = None
+                 ) -> tuple[GPTModel, Tokenizer | None]:
+    """(base model wrapped with the adapter in ``adapter``, the base's tokenizer). ``base`` (a folder or hub name)
+    defaults to the one the adapter names (``base_model_name_or_path``); ``quantize="nf4"`` holds the base in NF4."""
+    from .peft import is_adapter, load_adapter, read_adapter
+
+    reference = base if base is not None else read_adapter(adapter).base
+    if reference is None:
+        raise ValueError(f"the adapter {adapter} names no base model: give the base (--base DIR|HUBNAME)")
+    if Path(reference).is_dir() and is_adapter(reference):
+        raise ValueError(f"the base {reference} is itself an adapter: give the model it was trained on")
+    model, tokenizer = load_pretrained(reference, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+    return load_adapter(model, adapter, quantize=quantize), tokenizer
+
+
+def merge_adapter(adapter: str | Path, out: str | Path, *, base: str | Path | None = None,
+                  overwrite: bool = False) -> list[str]:
+    """``tinygpt merge``: the base with the adapter folded into its weights, written as a plain tinygpt checkpoint
+    (with the base's tokenizer) in ``out``; an NF4 (QLoRA) adapter is merged into the float base it was trained
+    from. Returns the names of the files written."""
+    from ..lora import merged_model
+
+    check_save_target(out, CHECKPOINT, overwrite=overwrite, inputs=[p for p in (adapter, base) if p is not None
+                                                                     and Path(p).is_dir()], what="--out")
+    model, tokenizer = load_adapted(adapter, base=base)
+    save_model(merged_model(model), out, tokenizer=tokenizer, overwrite=overwrite)
+    return _written(out, (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES))
 
 
 def _warn(message: str) -> None:

@@ -71,10 +71,22 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokenizer | None,
                     training_state: dict[str, Any]) -> Path:
-    """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path."""
+    """Write ``run_dir/step-{step}/`` atomically (replacing an older folder of that name) and return its path.
+
+    A model with LoRA adapters (``tinygpt.lora``) is written as its adapter alone (``interop.peft``, naming its
+    base) and the tokenizer: only what trains, not the frozen base."""
+    from ..lora import is_adapted
+
     target = step_dir(run_dir, step)
     with atomic_directory(target) as tmp:
-        write_checkpoint_files(model, tmp, tokenizer)
+        if is_adapted(model):
+            from ..interop.peft import write_adapter_files
+
+            write_adapter_files(model, tmp, base=model.lora_base)
+            if tokenizer is not None:
+                tokenizer.save(tmp)
+        else:
+            write_checkpoint_files(model, tmp, tokenizer)
         if os.environ.get(FAULT_ENV) == str(step):
             print(f"[{FAULT_ENV}] pausing inside the write of {target.name}", file=sys.stderr, flush=True)
             time.sleep(_FAULT_SLEEP_SECONDS)
@@ -83,7 +95,10 @@ def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokeni
 
 
 def is_complete(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE))
+    """A ``step-N/`` with its training state and a model: a checkpoint's files, or a LoRA adapter's."""
+    model_files = ((CONFIG_FILE, WEIGHTS_FILE), ("adapter_config.json", "adapter_model.safetensors"))
+    return (directory / STATE_FILE).is_file() and any(all((directory / n).is_file() for n in names)
+                                                      for names in model_files)
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -138,9 +153,19 @@ def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
     """Load a checkpoint's model weights into ``stage.policy`` and its heads' into ``stage.heads`` (in place, before
     the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's."""
     from ..checkpoint import load_config, load_model
+    from ..lora import is_adapted
     from ..tokenizer import load_tokenizer
 
-    problem = config_mismatch(stage.policy.config, load_config(directory), directory, f"the {stage.name} model")
+    adapter = None
+    if is_adapted(stage.policy):  # a LoRA run's step-N/ holds the adapter; the base is the run's starting model
+        from ..interop.peft import read_adapter
+
+        adapter = read_adapter(directory)
+        if adapter.config != stage.policy.lora_config:
+            raise ValueError(f"{directory}: the run trained LoRA {adapter.config.to_dict()}, but the options give "
+                             f"{stage.policy.lora_config.to_dict()}: resume with the run's --lora-* flags")
+    saved_config = adapter.model_config if adapter is not None else load_config(directory)
+    problem = config_mismatch(stage.policy.config, saved_config, directory, f"the {stage.name} model")
     if problem:
         raise ValueError(problem)
     if stage.tokenizer is not None:
@@ -148,8 +173,13 @@ def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
         if tokenizer_fingerprint(saved_tokenizer) != tokenizer_fingerprint(stage.tokenizer):
             raise ValueError(f"the checkpoint {directory} was trained with a different tokenizer "
                              f"({saved_tokenizer!r}) than this run's ({stage.tokenizer!r})")
-    saved = load_model(directory, device=stage.device)
-    stage.policy.load_state_dict(saved.state_dict())
+    if adapter is not None:
+        from ..lora import load_lora_state_dict
+
+        load_lora_state_dict(stage.policy, adapter.state, source=str(directory))
+    else:
+        saved = load_model(directory, device=stage.device)
+        stage.policy.load_state_dict(saved.state_dict())
     stage.heads.load_state_dict(state["heads"])
 
 
