@@ -60,3 +60,22 @@ def test_filters_restrict_the_draws_and_zero_temperature_is_argmax():
     assert set(_draw(logits, 50, temperature=0.0).tolist()) == {0}
     seen = torch.tensor([[True, False, False, False, False]])
     assert set(_draw(logits, 50, temperature=0.0, repetition_penalty=3.0, seen=seen.expand(50, -1)).tolist()) == {1}
+
+
+def test_sampling_probs_is_the_distribution_next_tokens_draws_from():
+    from tinygpt.sampling import sampling_probs
+
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(0))
+    seen = torch.zeros(4, 9, dtype=torch.bool)
+    seen[:, :3] = True
+    for settings in (dict(temperature=0.7, top_k=5, top_p=0.8, repetition_penalty=1.5),
+                     dict(temperature=1.3, top_k=None, top_p=1.0, repetition_penalty=1.0)):
+        probs = sampling_probs(logits, seen=seen, **settings)
+        assert torch.allclose(probs.sum(-1), torch.ones(4))
+        drawn = next_tokens(logits, seen=seen, generator=torch.Generator().manual_seed(3), **settings)
+        again = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(3)).squeeze(-1)
+        assert torch.equal(drawn, again)  # same distribution, same draws
+    greedy = dict(temperature=0.0, top_k=None, top_p=1.0, repetition_penalty=2.0)
+    one_hot = sampling_probs(logits, seen=seen, **greedy)
+    assert torch.equal(one_hot.argmax(-1), next_tokens(logits, seen=seen, generator=None, **greedy))
+    assert torch.equal(one_hot.sum(-1), torch.ones(4)) and int((one_hot > 0).sum()) == 4

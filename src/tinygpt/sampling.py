@@ -44,6 +44,30 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def sampling_probs(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    repetition_penalty: float,
+    seen: torch.Tensor | None,
+) -> torch.Tensor:
+    """The distribution ``next_tokens`` draws from: logits [B, V] -> probabilities [B, V] (float32 for half
+    logits). Temperature 0 gives the one-hot of the argmax (greedy is sampling from a point mass), so speculative
+    decoding can verify greedy and sampled rows against the same kind of distribution."""
+    if repetition_penalty != 1.0 and seen is not None:
+        logits = apply_repetition_penalty(logits, seen, repetition_penalty)
+    if temperature == 0.0:
+        dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+        return torch.zeros_like(logits, dtype=dtype).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    logits = logits / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    logits = top_p_filter(logits, top_p)
+    return logits.float().softmax(dim=-1) if logits.dtype in (torch.float16, torch.bfloat16) else logits.softmax(-1)
+
+
 def next_tokens(
     logits: torch.Tensor,
     *,
@@ -55,13 +79,10 @@ def next_tokens(
     generator: torch.Generator | None,
 ) -> torch.Tensor:
     """The next token id of every row: logits [B, V] -> ids [B] (int64)."""
-    if repetition_penalty != 1.0 and seen is not None:
-        logits = apply_repetition_penalty(logits, seen, repetition_penalty)
     if temperature == 0.0:
+        if repetition_penalty != 1.0 and seen is not None:
+            logits = apply_repetition_penalty(logits, seen, repetition_penalty)
         return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    logits = top_p_filter(logits, top_p)
-    probs = logits.float().softmax(dim=-1) if logits.dtype in (torch.float16, torch.bfloat16) else logits.softmax(-1)
+    probs = sampling_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                           repetition_penalty=repetition_penalty, seen=seen)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
