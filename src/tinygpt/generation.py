@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from . import checks
-from .inference.blocks import BlockManager
 from .inference.engine import DEFAULT_BLOCK_SIZE, InferenceEngine
 from .inference.row import Row
 
@@ -246,7 +245,7 @@ def _steps(
     context = model.config.context_length
     longest = max(len(p) for p in prompts)
     per_row = min(context, longest + cfg.max_new_tokens) + cfg.speculative_tokens
-    blocks = BlockManager(2, DEFAULT_BLOCK_SIZE).blocks_for(per_row)
+    blocks = -(-per_row // DEFAULT_BLOCK_SIZE)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

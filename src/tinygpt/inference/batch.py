@@ -71,9 +71,18 @@ def slot_of(table: Sequence[int], position: int, block_size: int) -> int:
     return table[position // block_size] * block_size + position % block_size
 
 
-def build_batch(rows: Sequence[RowSlice], block_size: int, device: torch.device | str) -> Batch:
+def padded_length(n: int) -> int:
+    """The packed length a forward of n tokens runs at: n up to 8, then the next multiple of 8. The linear layers'
+    kernels are planned (and cached) per shape; a few sizes instead of every n keep that cache, and the memory it
+    holds, small at the cost of at most 7 idle tokens."""
+    return n if n <= 8 else -(-n // 8) * 8
+
+
+def build_batch(rows: Sequence[RowSlice], block_size: int, device: torch.device | str, *,
+                scratch_slot: int | None = None) -> Batch:
     """The description of one forward over ``rows``, decode rows (length 1) first: the caller packs the tokens in
-    the same order (``pack_order``)."""
+    the same order (``pack_order``). With ``scratch_slot``, the forward is padded to ``padded_length`` with idle
+    tokens at position 0 (a span of their own, which no other row sees) whose keys all go to that slot."""
     order = pack_order(rows)
     positions: list[int] = []
     write: list[int] = []
@@ -104,6 +113,11 @@ def build_batch(rows: Sequence[RowSlice], block_size: int, device: torch.device 
         if r.length > 1:
             keys = [slot_of(r.table, p, block_size) for p in range(r.start + r.length)]
             spans.append(Span(r.start, r.length, torch.tensor(keys, dtype=torch.long, device=device)))
+    pad = 0 if scratch_slot is None else padded_length(len(positions)) - len(positions)
+    if pad:
+        spans.append(Span(0, pad, torch.full((pad,), scratch_slot, dtype=torch.long, device=device)))
+        positions += [0] * pad
+        write += [scratch_slot] * pad
     return Batch(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         write_slots=torch.tensor(write, dtype=torch.long, device=device),

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-NULL_BLOCK = 0  # padding slots point into it; never handed out
+NULL_BLOCK = 0  # masked key slots point into it (kept zero); never handed out
+SCRATCH_BLOCK = 1  # idle padding tokens write their keys here; never read, never handed out
+RESERVED = 2
 
 
 def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
@@ -26,18 +28,18 @@ def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
 
 
 class BlockManager:
-    """``num_blocks`` blocks of ``block_size`` positions (block 0 reserved). Rows are represented by their tables
+    """``num_blocks`` blocks of ``block_size`` positions (blocks 0 and 1 reserved). Rows are represented by their tables
     (lists of block ids), owned by the caller."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 2:
-            raise ValueError(f"num_blocks={num_blocks} must be >= 2 (block 0 is the padding block)")
+        if num_blocks <= RESERVED:
+            raise ValueError(f"num_blocks={num_blocks} must be > {RESERVED} (blocks 0 and 1 are reserved)")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.ref_count = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.by_hash: dict[int, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(RESERVED, num_blocks))
         self.hits = 0  # tokens taken from the prefix cache (for /health and the benchmarks)
 
     @property
@@ -46,7 +48,7 @@ class BlockManager:
 
     @property
     def capacity_blocks(self) -> int:
-        return self.num_blocks - 1
+        return self.num_blocks - RESERVED
 
     def blocks_for(self, length: int) -> int:
         return -(-length // self.block_size)

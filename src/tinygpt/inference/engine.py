@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..kv_cache import PagedKVCache
-from .blocks import BlockManager
+from .blocks import RESERVED, BlockManager
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify_greedy
 from .scheduler import Scheduler
@@ -69,7 +69,7 @@ class InferenceEngine:
         cache_tokens = max_rows * self.context if cache_tokens is None else cache_tokens
         if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
             raise ValueError(f"cache_tokens={cache_tokens!r} must be an integer >= 1")
-        num_blocks = -(-cache_tokens // block_size) + 1  # + the padding block
+        num_blocks = -(-cache_tokens // block_size) + RESERVED  # + the zero block and the scratch block
         param = next(model.parameters())
         self.device = param.device
         self.cache = PagedKVCache(model.config, num_blocks, block_size, dtype=param.dtype, device=param.device)

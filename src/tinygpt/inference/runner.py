@@ -16,6 +16,7 @@ from torch import nn
 from ..kv_cache import PagedKVCache
 from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
+from .blocks import SCRATCH_BLOCK
 from .row import Row
 
 
@@ -47,7 +48,9 @@ class ModelRunner:
         slices = [RowSlice(row.computed, n, row.table, logit_offsets(row, n)) for row, n in plan]
         order = pack_order(slices)
         ids = [t for i in order for t in feed_of(*plan[i])]
-        batch = build_batch(slices, self.cache.block_size, self.device)
+        batch = build_batch(slices, self.cache.block_size, self.device,
+                            scratch_slot=SCRATCH_BLOCK * self.cache.block_size)
+        ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
