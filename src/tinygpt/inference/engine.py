@@ -23,7 +23,8 @@ from torch import nn
 from ..kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager
 from .row import Row, Score
-from .runner import ModelRunner, draw, draw_together, verify_greedy
+from .runner import ModelRunner, draw, draw_together, verify
+from .speculative import DraftController
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
@@ -49,8 +50,9 @@ class InferenceEngine:
 
     ``max_rows``: rows in the running batch. ``token_budget``: tokens per forward (None: no limit, every prompt is
     prefilled in one piece). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
-    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): greedy
-    rows feed up to k draft tokens with their last token and keep what the model agrees with.
+    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): rows
+    feed up to k draft tokens with their last token and keep what the model's verification accepts (a per-row
+    ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
@@ -134,8 +136,7 @@ class InferenceEngine:
         return self.scheduler.running + list(self.scheduler.waiting)
 
     def _draft_size(self, row: Row) -> int:
-        cfg = row.config
-        if not self.speculative_tokens or cfg is None or cfg.temperature > 0 or cfg.repetition_penalty != 1.0:
+        if not self.speculative_tokens or row.config is None or not row.config.use_cache:
             return 0
         return self.speculative_tokens
 
@@ -149,6 +150,7 @@ class InferenceEngine:
         return True
 
     # ------------------------------------------------------------------------------------------ the step
+    @torch.inference_mode()
     def step(self) -> list[RowOutput]:
         """Run one scheduled forward; what it gave each row that took part (plus rows that failed alone)."""
         for row in list(self.scheduler.waiting):
@@ -156,9 +158,12 @@ class InferenceEngine:
         for row in list(self.scheduler.running):
             self._apply_window(row)
             row.draft = []
-            k = self._draft_size(row)
-            if k and row.pending == 1:
-                k = min(k, row.config.max_new_tokens - row.n_new - 1, self.context - row.window_length)
+            if self._draft_size(row) and row.pending == 1 and row.n_new:  # drafts follow a drawn token
+                if row.drafter is None:
+                    k = self.speculative_tokens
+                    row.drafter = DraftController(k_start=min(4, k), k_max=k)
+                k = min(row.drafter.k(), row.config.max_new_tokens - row.n_new - 1,
+                        self.context - row.window_length)
                 if k > 0:
                     row.draft = list(self.proposer(row.window, k))[:k]
         plan = self.scheduler.schedule()
@@ -191,12 +196,12 @@ class InferenceEngine:
                 outputs.append(self._fail(row, err))
         for out in outputs:
             row = out.row
+            if row.finish_reason != "error":  # its computed full blocks serve later rows (the next turn of a chat)
+                self.blocks.register(row.table, row.window, row.computed, row.hashes)
             if row.finished:
                 self.scheduler.remove(row)
             elif row.config is not None and not row.config.use_cache and row.pending == 1:
                 self.scheduler.requeue(row)  # no cache: the whole window again at the next step
-            else:
-                self.blocks.register(row.table, row.window, row.computed, row.hashes)
         return outputs
 
     def _draw_shared(self, shared: list[tuple[Row, int, torch.Tensor]]) -> dict[int, int]:
@@ -217,9 +222,10 @@ class InferenceEngine:
         if row.config is None:
             return self._advance_score(row, n, logits)
         if row.draft:
-            tokens = verify_greedy(row.draft, logits)
+            tokens = verify(row, logits)
             row.drafted += len(row.draft)
             row.accepted += len(tokens) - 1
+            row.drafter.update(len(row.draft), len(tokens) - 1)
             row.computed += len(tokens)  # the fed last token and the accepted drafts; the final token is new
             kept = logits[:len(tokens)]
         else:
@@ -246,7 +252,7 @@ class InferenceEngine:
         if logits.shape[0]:
             first = row.computed + n - logits.shape[0]  # window position of the first scored logits
             targets = torch.tensor(row.tokens[first + 1:row.computed + n + 1], device=logits.device)
-            logp = torch.log_softmax(logits.float(), dim=-1)  # [m, V]
+            logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [m, V]
             total = float(logp.gather(1, targets[:, None]).sum())
             greedy = bool((logp.argmax(dim=-1) == targets).all())
             prev = row.score or Score(0.0, True)

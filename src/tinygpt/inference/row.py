@@ -56,8 +56,10 @@ class Row:
     score: Score | None = None
     drafted: int = 0  # draft tokens verified / accepted (speculative decoding's acceptance rate)
     accepted: int = 0
+    drafter: Any = None  # its speculative.DraftController, once it drafts
 
     def __post_init__(self) -> None:
+        self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list
         self.prompt_len = len(self.tokens)
 
     @property

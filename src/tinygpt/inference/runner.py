@@ -3,7 +3,7 @@
 ``ModelRunner.forward`` packs the plan's tokens into one sequence, builds its ``Batch`` and runs one forward; it
 returns each row's logits (only the positions the row needs: its last one, a draft's k + 1, a scoring row's scored
 ones). ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's
-tokens never depend on its neighbours; ``verify_greedy`` is the greedy acceptance of a draft.
+tokens never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
 from .row import Row
+from .speculative import accept_greedy, accept_sampled, target_probs
 
 
 def feed_of(row: Row, n: int) -> list[int]:
@@ -80,14 +81,15 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
     return tokens.tolist()
 
 
-def verify_greedy(draft: Sequence[int], logits: torch.Tensor) -> list[int]:
-    """Greedy acceptance: the longest prefix of ``draft`` that the target's argmax agrees with, then the target's
-    own next token. logits [k + 1, V] -> 1 .. k + 1 tokens, exactly what k + 1 greedy steps would give."""
-    best = logits.argmax(dim=-1).tolist()
-    out = []
-    for d, b in zip(draft, best):
-        if d != b:
-            break
-        out.append(d)
-    out.append(best[len(out)])
-    return out
+def verify(row: Row, logits: torch.Tensor) -> list[int]:
+    """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
+    drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
+    rule with the row's own generator (exactly the target's distribution). ``inference.speculative``."""
+    cfg = row.config
+    if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
+        return accept_greedy(row.draft, logits)
+    probs = target_probs(logits.float(), row.tokens, row.draft, temperature=cfg.temperature, top_k=cfg.top_k,
+                         top_p=cfg.top_p, repetition_penalty=cfg.repetition_penalty)  # [k + 1, V]
+    if cfg.temperature == 0:
+        return accept_greedy(row.draft, probs)
+    return accept_sampled(row.draft, None, probs, row.generator)
