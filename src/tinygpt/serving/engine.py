@@ -286,7 +286,9 @@ class BatchEngine:
 
     def _prompt_logprobs(self, ids: torch.Tensor, top: int) -> list[TokenInfo]:
         """Each prompt token's log-probability given the tokens before it (the first has none). ids [1, P]."""
-        logprobs = self.model(ids)[0].float().log_softmax(-1)  # [P, V]: position t predicts token t + 1
+        # position t predicts token t + 1, so P tokens need only their first min(P, C) fed: a C + 1-token window
+        # is scored as lm-eval's HF class scores it (the model reads C tokens)
+        logprobs = self.model(ids[:, :self.model.config.context_length])[0].float().log_softmax(-1)  # [P', V]
         prompt = ids[0].tolist()
         out = [TokenInfo(prompt[0], None, [])]
         for t in range(1, len(prompt)):
