@@ -1,33 +1,49 @@
-"""Serving under load, float32, CPU: ``tinygpt serve`` vs Hugging Face ``transformers serve`` on the same weights.
+"""Serving under load, float32, CPU: tinygpt serve (this checkout and, with ``--before``, another) against Hugging
+Face ``transformers serve`` (plain, and with ``--continuous-batching``) on the same weights, side by side.
 
-    python -m benchmarks.serve [--quick] [--clients 1,4,16] [--new-tokens 64] [--requests N] [--json PATH]
-                               [--max-batch N] [--no-hf]
+    python -m benchmarks.serve [--quick] [--workloads throughput,long-arrival,shared-prefix,conversation,speculative]
+                               [--clients 1,4,16,64] [--before DIR] [--hf plain,cb|none] [--rounds 3]
+                               [--new-tokens 64] [--requests N] [--phase-seconds 120] [--max-batch N]
+                               [--draft MODEL] [--json PATH]
 
 gpt2-small-shaped random weights (biased QKV, tied head) with the GPT-2 tokenizer, saved once as a tinygpt
 checkpoint and exported (``interop.hf.export_hf``) as a Hugging Face folder. Each server runs in its own process
-on 127.0.0.1; one load driver (asyncio + httpx, in this process) plays C concurrent clients, each sending
-``--requests`` streaming ``/v1/completions`` requests one after another: greedy, ``max_tokens`` new tokens after a
-16-64-token prompt (slices of the-verdict.txt), after the same warm-up requests for every server. Per phase: aggregate completion tokens/s (the servers' own usage
-counts over the phase's wall time), time to first token (p50/p95), the per-token latency (a request's time
-from its first to its last token / (tokens - 1), p50), and the share of requests whose text is identical to HF's. tinygpt's own offline ``generate`` on the same prompts, one
-at a time, is the 1-client yardstick. Phases are run server by server at each client count, back to back.
+on 127.0.0.1: ``tinygpt serve`` of this checkout, of ``--before DIR`` (its ``src`` on PYTHONPATH, e.g. a
+``git worktree add /tmp/before e9e2fb8``), and ``transformers serve`` as it ships and with its paged-attention
+scheduler. One load driver (asyncio + httpx, in this process) plays the clients; every request is greedy and
+streaming, every loop bounded (``--phase-seconds``: clients start no request after it). Each workload runs
+``--rounds`` times, the servers' order rotated every round (interleaved, so a slow spell hits all alike), with fresh
+prompts each round (so a prefix cache gains nothing across rounds); figures are medians over the rounds.
 
-``transformers serve`` is started as it ships (no continuous batching; ``--hf-continuous-batching`` turns its
-paged-attention scheduler on); if it cannot start here, its rows say why.
+Workloads (``serve_workloads``; the figures each reports):
+- throughput: C clients, each sending ``--requests`` requests one after another (``max_tokens`` new tokens after a
+  16-64-token prompt, slices of the-verdict.txt): aggregate completion tokens/s, TTFT p50/p95, per-token p50, the
+  share of answers identical to HF's and to the before server's; tinygpt's offline ``generate`` is the 1-client
+  yardstick.
+- long-arrival: 4 streams decoding when a 1,000-token prompt arrives: the longest gap between two texts of any of
+  them, against the median step before it.
+- shared-prefix: 16 clients at once with one 512-token system prompt: TTFT, with prefix reuse and (a second server
+  of this checkout with ``--no-prefix-cache``, where its server has the flag) without.
+- conversation: 8 chats of 4 turns at once, each turn's prompt the whole conversation so far: TTFT of turn 4
+  against turn 1 (with and without prefix reuse, as above).
+- speculative: one stream on a copy-heavy task (rewrite a given function with renamed variables) and on prose:
+  tokens/s and acceptance rate with ``--speculative lookup`` against ``--speculative off`` (and ``--draft MODEL``)
+  where this checkout's server has the flags, and always ``inference.speculative.speculative_generate`` in this
+  process, prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
+  the cost of drafting and verifying, and whatever repetition the random model falls into.
+
+A server or a flag a checkout lacks is skipped and the table says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -35,11 +51,13 @@ import torch
 
 from tinygpt import GPTConfig, GPTModel, generate, save_model
 
+from . import serve_workloads as wl
 from .common import format_table, pin_threads, run_and_report, shared_data_dir
 from .models import gpt2_small
+from .serve_driver import LABELS, SRC, Servers, load, median_row, percentile, rotated
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-
+_percentile = percentile  # the name the tests and older callers use
+HF_MODES = ("plain", "cb")
 
 def quick_serve_config() -> GPTConfig:
     """Tiny layers, but GPT-2's vocabulary (the servers speak text through the GPT-2 tokenizer)."""
@@ -54,13 +72,14 @@ def _gpt2_tokenizer():
     return gpt2_tokenizer(vocab if (vocab / "encoder.json").is_file() else None)
 
 
-def make_prompts(tokenizer: Any, count: int, lo: int, hi: int) -> list[str]:
-    """``count`` texts of lo..hi GPT-2 tokens (spread evenly), cut from the-verdict.txt (or a fixed sentence)."""
+def make_prompts(tokenizer: Any, count: int, lo: int, hi: int, *, offset: int = 0) -> list[str]:
+    """``count`` texts of lo..hi GPT-2 tokens (spread evenly), cut from the-verdict.txt (or a fixed sentence);
+    another ``offset`` gives other texts."""
     path = shared_data_dir() / "the-verdict.txt"
-    text = path.read_text(encoding="utf-8") if path.is_file() else "Every effort moves you forward. " * 200
+    text = path.read_text(encoding="utf-8") if path.is_file() else "Every effort moves you forward. " * 400
     ids = tokenizer.encode(text)
     out = []
-    for i in range(count):
+    for i in range(offset, offset + count):
         length = lo + (i * 37) % (hi - lo + 1)
         start = (i * 97) % max(1, len(ids) - length)
         out.append(tokenizer.decode(ids[start:start + length]))
@@ -80,102 +99,15 @@ def prepare(directory: Path, config: GPTConfig) -> tuple[GPTModel, Any, Path, Pa
     return model, tokenizer, ours, theirs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-class ServerProcess:
-    """A server command in its own process, its log in a file; ``url`` once ``/health`` answers."""
-
-    def __init__(self, name: str, command: list[str], port: int, log_dir: Path) -> None:
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        self.log = open(log_dir / f"{name}.log", "w")
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.process.returncode} (log: {self.log.name})")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name} did not answer /health within {timeout:.0f} s (log: {self.log.name})")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-
-
-async def _one(client: Any, url: str, body: dict[str, Any]) -> dict[str, float]:
-    """One streaming request: time to first text, first-to-last token time, tokens (the usage count)."""
-    start = time.perf_counter()
-    first = last = None
-    chunks, tokens, text = 0, None, []
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            text += [c.get("text") or "" for c in event.get("choices", [])]
-            if any(c.get("text") for c in event.get("choices", [])):
-                now = time.perf_counter()
-                first = first if first is not None else now
-                last = now
-                chunks += 1
-    if first is None:
-        raise RuntimeError(f"{url}: a request streamed no text")
-    return {"ttft_s": first - start, "decode_s": last - first, "tokens": tokens if tokens is not None else chunks,
-            "text": "".join(text)}
-
-
-async def _load(url: str, bodies: list[list[dict[str, Any]]]) -> tuple[float, list[dict[str, float]]]:
-    """Each client sends its bodies in turn, all clients at once; returns (wall seconds, every request's record)."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=64)) as client:
-        async def client_loop(own: list[dict[str, Any]]) -> list[dict[str, float]]:
-            return [await _one(client, url, body) for body in own]
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(client_loop(own) for own in bodies))
-        wall = time.perf_counter() - start
-    return wall, [r for own in results for r in own]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def phase_row(impl: str, clients: int, wall: float, records: list[dict[str, float]]) -> dict[str, Any]:
+def phase_row(impl: str, clients: int, wall: float, records: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in records)
     per_token = [r["decode_s"] / (r["tokens"] - 1) for r in records if r["tokens"] > 1]
     ttft = [r["ttft_s"] for r in records]
     return {"impl": impl, "clients": clients, "requests": len(records), "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "ttft_p50_ms": 1e3 * _percentile(ttft, 0.5),
-            "ttft_p95_ms": 1e3 * _percentile(ttft, 0.95),
+            "tokens_per_s": tokens / wall, "ttft_p50_ms": 1e3 * percentile(ttft, 0.5),
+            "ttft_p95_ms": 1e3 * percentile(ttft, 0.95),
             "per_token_p50_ms": 1e3 * statistics.median(per_token) if per_token else None}
 
 
@@ -191,143 +123,356 @@ def offline_row(model: GPTModel, tokenizer: Any, prompts: list[str], new_tokens:
             "wall_s": wall, "tokens_per_s": tokens / wall}
 
 
+def _hf_modes(hf: bool | Sequence[str], continuous_batching: bool) -> tuple[str, ...]:
+    if hf is True:  # the older interface: one HF server, plain unless continuous batching was asked for
+        return ("cb",) if continuous_batching else ("plain",)
+    if hf is False:
+        return ()
+    modes = tuple(hf)
+    for mode in modes:
+        if mode not in HF_MODES:
+            raise ValueError(f"hf mode {mode!r} is not one of {', '.join(HF_MODES)}")
+    return modes
+
+
+def _texts(tokenizer: Any, count: int, tokens: int, offset: int) -> list[str]:
+    return make_prompts(tokenizer, count, tokens, tokens, offset=offset)
+
+
 def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens: int | None = None,
-        requests: int | None = None, max_batch: int | None = None, hf: bool = True,
-        hf_continuous_batching: bool = False, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+        requests: int | None = None, max_batch: int | None = None, hf: bool | Sequence[str] = True,
+        hf_continuous_batching: bool = False, workloads: Sequence[str] = ("throughput",),
+        before: str | Path | None = None, rounds: int | None = None, phase_seconds: float = 120.0,
+        draft: str | None = None, device: str = "cpu", log: Callable[[str], None] = lambda line: None
+        ) -> dict[str, Any]:
+    for name in workloads:
+        if name not in wl.WORKLOADS:
+            raise ValueError(f"workload {name!r} is not one of {', '.join(wl.WORKLOADS)}")
+    before_src = None
+    if before is not None:
+        before_src = Path(before).resolve() / "src"
+        if not (before_src / "tinygpt" / "__init__.py").is_file():
+            raise ValueError(f"--before {before}: no src/tinygpt in it (give a tinygpt checkout)")
+    hf_modes = _hf_modes(hf, hf_continuous_batching)
     config = quick_serve_config() if quick else gpt2_small()
+    sizes = wl.QUICK_SIZES if quick else wl.Sizes()
     new_tokens = new_tokens or (8 if quick else 64)
     requests = requests or (1 if quick else 3)
-    max_batch = max_batch or max(clients)
+    rounds = rounds or (1 if quick else 3)
+    max_batch = max_batch or max(max(clients), sizes.prefix_clients, sizes.chats)
     lo, hi = (8, 24) if quick else (16, 64)
     result: dict[str, Any] = {"quick": quick, "config": config.to_dict(), "new_tokens": new_tokens,
                               "requests_per_client": requests, "max_batch": max_batch, "clients": list(clients),
-                              "threads": torch.get_num_threads(), "rows": [], "not_available": {}}
+                              "device": device, "rounds": rounds, "workloads": list(workloads), "sizes": vars(sizes),
+                              "threads": torch.get_num_threads(), "rows": [], "tables": {},
+                              "before": None if before_src is None else str(before_src)}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-serve-") as tmp:
         tmp_dir = Path(tmp)
         log(f"building and saving the model ({'quick' if quick else 'gpt2-small'} shape) ...")
         model, tokenizer, ours, theirs = prepare(tmp_dir, config)
-        prompts = make_prompts(tokenizer, max(clients) * requests, lo, hi)
-        result["prompt_tokens"] = [len(tokenizer.encode(p)) for p in prompts]
-        servers: dict[str, ServerProcess] = {}
-        texts: dict[int, dict[str, list[str]]] = {}  # clients -> server -> the answers, in request order
+        servers = Servers(tmp_dir, ours, theirs, max_batch, log, device)
+        model = model.to(device)  # the offline rows run where the servers do
+        base = ["tinygpt"] + (["before"] if before_src else []) + [("hf" if m == "plain" else "hf-cb")
+                                                                  for m in hf_modes]
         try:
-            port = _free_port()
-            servers["tinygpt"] = ServerProcess(
-                "tinygpt", [sys.executable, "-m", "tinygpt", "serve", "--model", str(ours), "--port", str(port),
-                            "--model-name", "bench", "--max-batch", str(max_batch), "--max-queue", "256",
-                            "--log-level", "warning"], port, tmp_dir)
-            if hf:
-                port = _free_port()
-                command = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
-                           "sys.argv[0] = 'transformers'; sys.exit(main())", "serve", str(theirs), "--host",
-                           "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
-                           "--log-level", "warning"]
-                if hf_continuous_batching:
-                    command.append("--continuous-batching")
-                servers["hf"] = ServerProcess("hf", command, port, tmp_dir)
-            for name in list(servers):
-                try:
-                    servers[name].wait_ready(600)
-                except RuntimeError as err:
-                    log(f"{name}: not available: {err}")
-                    result["not_available"][name] = str(err)
-                    servers.pop(name).stop()
-            names = {"tinygpt": "bench", "hf": str(theirs)}
-            for name, server in servers.items():  # warm-up: the first calls of a process build kernels per shape
-                warm = [{"model": names[name], "prompt": p, "max_tokens": new_tokens, "temperature": 0,
-                         "stream": True} for p in prompts[-4:]]
-                asyncio.run(_load(server.url, [warm]))
-                asyncio.run(_load(server.url, [warm[:1]] * min(4, max(clients))))
-            for c in clients:
-                for name, server in servers.items():
-                    # the same requests for both; tinygpt reports usage in the stream only when asked
-                    extra = {"stream_options": {"include_usage": True}} if name == "tinygpt" else {}
-                    bodies = [[{"model": names[name], "prompt": prompts[k * requests + r], "max_tokens": new_tokens,
-                                "temperature": 0, "stream": True, **extra} for r in range(requests)]
-                              for k in range(c)]
-                    wall, records = asyncio.run(_load(server.url, bodies))
-                    row = phase_row("tinygpt serve" if name == "tinygpt" else "HF transformers serve", c, wall,
-                                    records)
-                    texts.setdefault(c, {})[name] = [r["text"] for r in records]
-                    log(f"{row['impl']:<22} {c:>3} clients: {row['tokens_per_s']:.1f} tok/s")
-                    result["rows"].append(row)
+            servers.add_tinygpt("tinygpt", SRC)
+            if before_src:
+                servers.add_tinygpt("before", before_src)
+            for mode in hf_modes:
+                servers.add_hf("hf" if mode == "plain" else "hf-cb", mode == "cb")
+            if {"shared-prefix", "conversation"} & set(workloads):
+                servers.add_tinygpt("no-prefix", SRC, ["--no-prefix-cache"])
+            if "speculative" in workloads:
+                servers.add_tinygpt("spec-off", SRC, ["--speculative", "off"])
+                servers.add_tinygpt("spec-lookup", SRC, ["--speculative", "lookup"])
+                if draft:
+                    servers.add_tinygpt("spec-draft", SRC, ["--speculative", "off", "--draft", draft])
+            servers.wait()
+            warm_prompts = make_prompts(tokenizer, 4, lo, hi, offset=10_000)
+            for key in servers.running:  # warm-up: the first calls of a process build kernels per shape
+                warm = [servers.body(key)(p, new_tokens) for p in warm_prompts]
+                asyncio.run(load(servers.running[key].url, [warm]))
+                asyncio.run(load(servers.running[key].url, [warm[:1]] * 4))
+            run_workloads = dict(throughput=_throughput, **{"long-arrival": _long_arrival,
+                                 "shared-prefix": _shared_prefix, "conversation": _conversation,
+                                 "speculative": _speculative})
+            context = _Run(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens,
+                           (lo, hi), phase_seconds, log)
+            for name in workloads:
+                log(f"workload {name} ...")
+                run_workloads[name](context)
         finally:
-            for server in servers.values():
-                server.stop()
-        result["rows"].append(offline_row(model, tokenizer, prompts[:requests], new_tokens))
-    # Same weights, greedy: the two servers should write the same text (float rounding may rarely flip a token).
-    # Compared without U+FFFD: where the last tokens end inside a UTF-8 character, tinygpt shows the replacement
-    # character (as ``stream_text`` does) and transformers serve drops the incomplete bytes.
-    result["answers"] = texts
-    result["same_text"] = {c: sum(a.replace("\ufffd", "") == b.replace("\ufffd", "")
-                                  for a, b in zip(t["tinygpt"], t["hf"])) / len(t["tinygpt"])
-                           for c, t in texts.items() if len(t) == 2}
+            servers.stop()
+        result["not_available"] = servers.not_available
     _ratios(result)
     return result
 
 
+def _throughput(run: _Run) -> None:
+    result, servers, tokenizer, clients, requests, new_tokens = (run.result, run.servers, run.tokenizer, run.clients,
+                                                                 run.requests, run.new_tokens)
+    keys = servers.keys(run.base)
+    per_round: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    texts: dict[int, dict[str, list[str]]] = {}  # clients -> server -> the first round's answers, in order
+    prompts = make_prompts(tokenizer, max(clients) * requests * run.rounds, *run.lengths)
+    result["prompt_tokens"] = [len(tokenizer.encode(p)) for p in prompts]
+    for r in range(run.rounds):
+        for c in clients:
+            own = prompts[r * max(clients) * requests:]
+            for key in rotated(keys, r):
+                body = servers.body(key)
+                bodies = [[body(own[k * requests + j], new_tokens) for j in range(requests)] for k in range(c)]
+                wall, records, cut = asyncio.run(load(servers.running[key].url, bodies, run.phase_seconds))
+                row = {**phase_row(LABELS[key], c, wall, records), "cut_short": cut}
+                per_round.setdefault((key, c), []).append(row)
+                if r == 0:
+                    texts.setdefault(c, {})[key] = [rec["text"] for rec in records]
+                run.log(f"{row['impl']:<44} {c:>3} clients: {row['tokens_per_s']:.1f} tok/s")
+    result["rows"] += [median_row(rows) for rows in per_round.values()]
+    result["rows"].append(offline_row(run.model, tokenizer, prompts[:requests], new_tokens))
+
+    # Same weights, greedy: the servers should write the same text (float rounding may rarely flip a token).
+    # Compared without U+FFFD: where the last tokens end inside a UTF-8 character, tinygpt shows the replacement
+    # character (as ``stream_text`` does) and transformers serve drops the incomplete bytes.
+    def same(a: list[str], b: list[str]) -> float:
+        n = min(len(a), len(b))
+        return sum(x.replace("\ufffd", "") == y.replace("\ufffd", "") for x, y in zip(a, b)) / n if n else 0.0
+
+    result["answers"] = texts
+    hf_key = next((k for k in ("hf", "hf-cb") if k in keys), None)
+    result["same_text"] = {c: same(t["tinygpt"], t[hf_key]) for c, t in texts.items() if hf_key and "tinygpt" in t}
+    result["same_text_before"] = {c: same(t["tinygpt"], t["before"]) for c, t in texts.items() if "before" in t}
+
+
+@dataclass
+class _Run:
+    """What every workload runner reads: the servers, the model and its tokenizer, the sizes and settings."""
+
+    result: dict[str, Any]
+    servers: Servers
+    base: list[str]
+    tokenizer: Any
+    model: GPTModel
+    sizes: wl.Sizes
+    rounds: int
+    clients: Sequence[int]
+    requests: int
+    new_tokens: int
+    lengths: tuple[int, int]
+    phase_seconds: float
+    log: Callable[[str], None]
+
+    def interleaved(self, keys: list[str], measure: Callable[[str, int], dict[str, Any]], say: Callable[[dict], str],
+                    **labels: Any) -> list[dict[str, Any]]:
+        """``measure(server key, round)`` on every server, ``rounds`` times, the order rotated every round; one
+        median row per server (``labels`` added to each)."""
+        measured: dict[str, list[dict[str, Any]]] = {}
+        for r in range(self.rounds):
+            for key in rotated(keys, r):
+                m = measure(key, r)
+                measured.setdefault(key, []).append({**labels, "impl": LABELS[key], **m})
+                self.log(f"{LABELS[key]:<44} {say(m)}")
+        return [median_row(rows) for rows in measured.values()]
+
+    def with_no_prefix(self) -> list[str]:
+        return self.servers.keys(self.base[:1] + ["no-prefix"] + self.base[1:])
+
+
+def _long_arrival(run: _Run) -> None:
+    sizes, tok = run.sizes, run.tokenizer
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        streams = _texts(tok, sizes.long_streams, 24, 1000 + 10 * r)
+        long_prompt = _texts(tok, 1, sizes.long_prompt, 2000 + r)[0]
+        server = run.servers.running[key]
+        return asyncio.run(wl.long_arrival(server.url, run.servers.body(key), streams, long_prompt, sizes))
+
+    run.result["tables"]["long-arrival"] = run.interleaved(
+        run.servers.keys(run.base), measure,
+        lambda m: f"longest gap {m['longest_gap_ms'] or 0:.0f} ms, step {m['step_ms'] or 0:.0f} ms")
+
+
+def _shared_prefix(run: _Run) -> None:
+    sizes, tok, keys = run.sizes, run.tokenizer, run.with_no_prefix()
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        # a fresh system prompt per server and round: nothing cached from an earlier measurement helps
+        offset = 3000 + 100 * r + 10 * keys.index(key)
+        system = _texts(tok, 1, sizes.prefix_tokens, offset)[0] + "\n"
+        users = _texts(tok, sizes.prefix_clients + 1, sizes.prefix_user_tokens, offset + 5000)
+        return asyncio.run(wl.shared_prefix(run.servers.running[key].url, run.servers.body(key), system, users,
+                                            sizes))
+
+    run.result["tables"]["shared-prefix"] = run.interleaved(
+        keys, measure, lambda m: f"shared-prefix TTFT p50 {m['ttft_p50_ms']:.0f} ms")
+
+
+def _conversation(run: _Run) -> None:
+    sizes, tok, keys = run.sizes, run.tokenizer, run.with_no_prefix()
+
+    def measure(key: str, r: int) -> dict[str, Any]:
+        offset = 20_000 + 100 * r + 10 * keys.index(key)
+        messages = _texts(tok, sizes.chats * sizes.turns, sizes.turn_user_tokens, offset)
+        chats = [messages[i * sizes.turns:(i + 1) * sizes.turns] for i in range(sizes.chats)]
+        return asyncio.run(wl.conversation(run.servers.running[key].url, run.servers.body(key), chats, sizes))
+
+    run.result["tables"]["conversation"] = run.interleaved(
+        keys, measure, lambda m: f"turn {sizes.turns}/turn 1 TTFT {m['last_over_first']:.2f}x")
+
+
+def _speculative(run: _Run) -> None:
+    sizes, tok = run.sizes, run.tokenizer
+    tasks = {"copy": wl.COPY_PROMPT, "prose": _texts(tok, 1, 200, 40_000)[0]}
+    keys = run.servers.keys(["spec-off", "spec-lookup", "spec-draft"])
+    rows = []
+    for task, prompt in tasks.items():
+        ids = tok.encode(prompt)[-(run.model.config.context_length - sizes.speculative_new_tokens):]  # quick: fits
+        prompt = tok.decode(ids)
+
+        def measure(key: str, r: int) -> dict[str, Any]:
+            m = asyncio.run(wl.one_stream(run.servers.running[key].url, run.servers.body(key), prompt, sizes))
+            m.pop("text")
+            return m
+
+        rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
+        for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
+            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m, "rounds": run.rounds})
+        run.log(f"speculative {task}: done")
+    run.result["tables"]["speculative"] = rows
+
+
 def _ratios(result: dict[str, Any]) -> None:
-    """tinygpt / HF aggregate tokens/s at each client count, and tinygpt serve at 1 client / offline generate."""
+    """The headline ratios (issue 22's targets), each from this one run."""
     by = {(r["impl"], r["clients"]): r["tokens_per_s"] for r in result["rows"]}
     ratios = {}
+    ours = LABELS["tinygpt"]
     for c in result["clients"]:
-        if ("HF transformers serve", c) in by and ("tinygpt serve", c) in by:
-            ratios[f"tinygpt/hf at {c} clients"] = by[("tinygpt serve", c)] / by[("HF transformers serve", c)]
-    if ("tinygpt serve", 1) in by:
-        ratios["tinygpt serve/offline generate at 1 client"] = (
-            by[("tinygpt serve", 1)] / by[("tinygpt offline generate", 1)])
+        for key, name in (("hf", "hf"), ("hf-cb", "hf continuous batching"), ("before", "before")):
+            if (LABELS[key], c) in by and (ours, c) in by:
+                ratios[f"tinygpt/{name} at {c} clients"] = by[(ours, c)] / by[(LABELS[key], c)]
+    if (ours, 1) in by and ("tinygpt offline generate", 1) in by:
+        ratios["tinygpt serve/offline generate at 1 client"] = by[(ours, 1)] / by[("tinygpt offline generate", 1)]
+    tables = result["tables"]
+    for row in tables.get("long-arrival", []):
+        if row.get("gap_over_step"):
+            ratios[f"longest gap/median step, {row['impl']}"] = row["gap_over_step"]
+    prefix = {row["impl"]: row["ttft_p50_ms"] for row in tables.get("shared-prefix", [])}
+    if ours in prefix and LABELS["no-prefix"] in prefix:
+        ratios["shared-prefix TTFT p50 without/with prefix reuse"] = prefix[LABELS["no-prefix"]] / prefix[ours]
+    for row in tables.get("conversation", []):
+        ratios[f"last turn/first turn TTFT, {row['impl']}"] = row["last_over_first"]
+    spec = {(row["task"], row["impl"]): row["tokens_per_s"] for row in tables.get("speculative", [])}
+    for task in ("copy", "prose"):
+        for on, off in ((LABELS["spec-lookup"], LABELS["spec-off"]),
+                        ("offline speculative_generate lookup", "offline speculative_generate off")):
+            if (task, on) in spec and (task, off) in spec:
+                ratios[f"{task}: {on}/off tokens/s"] = spec[(task, on)] / spec[(task, off)]
     result["ratios"] = ratios
+
+
+TABLE_COLUMNS = {
+    "long-arrival": [("impl", "implementation"), ("step_ms", "median step ms"), ("longest_gap_ms", "longest gap ms"),
+                     ("gap_over_step", "gap/step"), ("long_ttft_ms", "long prompt TTFT ms"), ("rounds", "rounds")],
+    "shared-prefix": [("impl", "implementation"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p95_ms", "TTFT p95 ms"),
+                      ("rounds", "rounds")],
+    "speculative": [("task", "task"), ("impl", "implementation"), ("tokens", "tokens"), ("tokens_per_s", "tokens/s"),
+                    ("acceptance", "acceptance"), ("rounds", "rounds")],
+}
 
 
 def table(result: dict[str, Any]) -> str:
     columns = [("impl", "implementation"), ("clients", "clients"), ("requests", "requests"),
                ("tokens_per_s", "tokens/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p95_ms", "TTFT p95 ms"),
-               ("per_token_p50_ms", "per-token p50 ms")]
-    lines = [format_table(result["rows"], columns), ""]
+               ("per_token_p50_ms", "per-token p50 ms"), ("rounds", "rounds")]
+    lines = []
+    if result["rows"]:
+        lines += ["throughput", format_table(result["rows"], columns), ""]
+    for name, rows in result["tables"].items():
+        cols = TABLE_COLUMNS.get(name)
+        if cols is None:  # conversation: one column per turn
+            cols = [("impl", "implementation")] + [(k, k.replace("_ttft_ms", " TTFT p50 ms").replace("turn", "turn "))
+                                                   for k in rows[0] if k.endswith("_ttft_ms")]
+            cols += [("last_over_first", "last/first"), ("rounds", "rounds")]
+        lines += [name, format_table(rows, cols), ""]
     lines += [f"{name}: {value:.2f}x" for name, value in result["ratios"].items()]
     lines += [f"identical text to HF at {c} clients: {share:.0%} of requests" for c, share in
               result.get("same_text", {}).items()]
+    lines += [f"identical text to the before server at {c} clients: {share:.0%} of requests" for c, share in
+              result.get("same_text_before", {}).items()]
     lines += [f"{name}: not available ({why})" for name, why in result["not_available"].items()]
     return "\n".join(lines)
 
 
-def _clients(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"--clients must look like 1,4,16 (integers >= 1), got {text!r}")
-    return values
+def _int_list(flag: str) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must look like 1,4,16 (integers >= 1), got {text!r}")
+        return values
+    return parse
+
+
+_clients = _int_list("--clients")
+
+
+def _names(allowed: Sequence[str], none: bool = False) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        if none and text == "none":
+            return []
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"{','.join(bad) or repr(text)} is not allowed; allowed: "
+                                             f"{', '.join(allowed)}{' or none' if none else ''} (comma-separated)")
+        return values
+    return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny layers, 1,2 clients, 8 tokens: checks it runs")
-    parser.add_argument("--clients", type=_clients, default=None, help="concurrent clients (default 1,4,16)")
+    parser.add_argument("--quick", action="store_true", help="tiny layers, 1,2 clients, few tokens: checks it runs")
+    parser.add_argument("--workloads", type=_names(wl.WORKLOADS), default=list(wl.WORKLOADS),
+                        help=f"comma-separated, of {', '.join(wl.WORKLOADS)} (default: all)")
+    parser.add_argument("--clients", type=_clients, default=None, help="throughput's clients (default 1,4,16,64)")
+    parser.add_argument("--before", metavar="DIR", help="also serve the tinygpt checkout DIR (its src/)")
+    parser.add_argument("--hf", type=_names(HF_MODES, none=True), default=None,
+                        help="transformers serve modes: plain, cb (--continuous-batching) or none (default "
+                             "plain,cb)")
+    parser.add_argument("--no-hf", dest="hf", action="store_const", const=[], help="the same as --hf none")
+    parser.add_argument("--hf-continuous-batching", dest="hf", action="store_const", const=["cb"],
+                        help="the same as --hf cb")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per workload (default 3)")
+    parser.add_argument("--phase-seconds", type=float, default=120.0,
+                        help="a throughput phase's clients start no request after this (default 120)")
     parser.add_argument("--new-tokens", type=int, default=None, help="max_tokens per request (default 64)")
     parser.add_argument("--requests", type=int, default=None, help="requests per client (default 3; quick 1)")
     parser.add_argument("--max-batch", type=int, default=None, help="tinygpt's --max-batch (default: max clients)")
-    parser.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers serve")
-    parser.add_argument("--hf-continuous-batching", action="store_true",
-                        help="start transformers serve with --continuous-batching")
+    parser.add_argument("--draft", metavar="MODEL", help="also serve this checkout with --draft MODEL")
+    parser.add_argument("--device", default="cpu", help="where every server and the offline rows run (default cpu)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = parser.parse_args(argv)
-    for name in ("new_tokens", "requests", "max_batch"):
+    for name in ("new_tokens", "requests", "max_batch", "rounds"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
-    clients = args.clients or ([1, 2] if args.quick else [1, 4, 16])
+    if args.phase_seconds <= 0:
+        parser.error(f"--phase-seconds={args.phase_seconds} must be > 0")
+    clients = args.clients or ([1, 2] if args.quick else [1, 4, 16, 64])
+    hf = list(HF_MODES) if args.hf is None else args.hf
     pin_threads()
 
     def compute() -> dict[str, Any]:
         return run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
-                   max_batch=args.max_batch, hf=args.hf, hf_continuous_batching=args.hf_continuous_batching,
+                   max_batch=args.max_batch, hf=hf, workloads=args.workloads, before=args.before,
+                   rounds=args.rounds, phase_seconds=args.phase_seconds, draft=args.draft, device=args.device,
                    log=lambda line: print(line, file=sys.stderr, flush=True))
 
     def report(result: dict[str, Any]) -> str:
         return (f"torch {torch.__version__}, {result['threads']} threads, {result['new_tokens']} new tokens, "
-                f"{result['requests_per_client']} requests per client"
+                f"{result['requests_per_client']} requests per client, {result['rounds']} rounds"
                 f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}\n" + table(result))
 
     return run_and_report(parser, compute, report, args.json)

@@ -43,3 +43,84 @@ def test_quick_run_serves_every_request_on_both_servers():
         assert "tinygpt/hf at 2 clients" in result["ratios"]
         assert result["same_text"][1] == 1.0  # same weights, greedy: the same text
     assert "tokens/s" in serve.table(result)
+
+
+def test_median_row_takes_the_median_of_each_figure_over_rounds():
+    rows = [{"impl": "x", "tokens_per_s": v, "ttft_p50_ms": t, "cut_short": False} for v, t in
+            ((3.0, 10.0), (1.0, 30.0), (2.0, 20.0))]
+    row = serve.median_row(rows)
+    assert (row["impl"], row["tokens_per_s"], row["ttft_p50_ms"], row["rounds"]) == ("x", 2.0, 20.0, 3)
+    assert (row["tokens_per_s_min"], row["tokens_per_s_max"], row["cut_short"]) == (1.0, 3.0, False)
+    assert serve.rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and serve.rotated([], 2) == []
+
+
+def test_workloads_measure_a_live_server():
+    """Each workload of serve_workloads against an in-process server of a tiny model: every figure present."""
+    import asyncio
+
+    from benchmarks import serve_workloads as wl
+
+    from serving_support import live_server, tiny_model
+
+    sizes = wl.QUICK_SIZES
+
+    def body(prompt, max_tokens):
+        return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+
+    words = "the quick brown fox jumps over the lazy dog every effort moves you forward".split()
+    text = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    with live_server(tiny_model(context_length=256), max_batch=8) as server:
+        long = asyncio.run(wl.long_arrival(server.url, body, text[:2], " ".join(text[:4]), sizes, timeout=60))
+        prefix = asyncio.run(wl.shared_prefix(server.url, body, " ".join(text[:3]), text, sizes))
+        chat = asyncio.run(wl.conversation(server.url, body, [text[:3], text[3:6]], sizes))
+        one = asyncio.run(wl.one_stream(server.url, body, wl.COPY_PROMPT[:200], sizes))
+    assert long["long_ttft_ms"] > 0 and set(long) == {"step_ms", "longest_gap_ms", "gap_over_step", "long_ttft_ms"}
+    assert prefix["ttft_p95_ms"] >= prefix["ttft_p50_ms"] > 0
+    assert [k for k in chat if k.startswith("turn")] == ["turn1_ttft_ms", "turn2_ttft_ms", "turn3_ttft_ms"]
+    assert chat["last_over_first"] == pytest.approx(chat["turn3_ttft_ms"] / chat["turn1_ttft_ms"])
+    assert one["tokens"] >= 1 and one["tokens_per_s"] > 0 and one["acceptance"] is None  # no drafts reported
+
+
+def test_offline_speculative_rows_agree_with_plain_decoding():
+    from benchmarks import serve_workloads as wl
+
+    from serving_support import tiny_model
+
+    rows = wl.offline_speculative(tiny_model(context_length=64), [5, 6, 7, 5, 6, 7, 5, 6], 12, rounds=2)
+    assert set(rows) == {"lookup", "off"} and all(r["tokens"] >= 1 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows["lookup"]["same_tokens"] and rows["off"]["acceptance"] is None
+    assert 0 <= rows["lookup"]["acceptance"] <= 1
+
+
+@pytest.mark.slow
+def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(tmp_path):
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parents[1]
+    result = serve.run(quick=True, clients=(1, 2), new_tokens=4, requests=1, hf=False, rounds=1,
+                       workloads=serve.wl.WORKLOADS, before=checkout, phase_seconds=60)
+    impls = {r["impl"] for r in result["rows"]}
+    assert {"tinygpt serve", "tinygpt serve (before)", "tinygpt offline generate"} <= impls
+    assert result["same_text_before"] == {1: 1.0, 2: 1.0}  # the same code, greedy: the same text
+    for name in ("long-arrival", "shared-prefix", "conversation"):
+        assert {"tinygpt serve", "tinygpt serve (before)"} <= {r["impl"] for r in result["tables"][name]}
+    spec = {(r["task"], r["impl"]) for r in result["tables"]["speculative"]}
+    assert ("copy", "offline speculative_generate lookup") in spec
+    assert ("prose", "offline speculative_generate off") in spec
+    assert "tinygpt/before at 2 clients" in result["ratios"]
+    text = serve.table(result)
+    assert "long-arrival" in text and "conversation" in text and "speculative" in text
+    import json
+
+    json.dumps(result)  # what --json writes
+
+
+def test_bad_arguments(capsys):
+    with pytest.raises(ValueError, match="workload 'x'"):
+        serve.run(quick=True, workloads=["x"])
+    with pytest.raises(ValueError, match="no src/tinygpt"):
+        serve.run(quick=True, before="/nonexistent")
+    with pytest.raises(SystemExit):
+        serve.main(["--workloads", "throughput,nope"])
+    assert "argument --workloads: nope is not allowed; allowed: throughput," in capsys.readouterr().err

@@ -305,3 +305,70 @@ def test_speculative_sampling_with_a_model_follows_its_distribution():
             drafted += result.drafted
         assert drafted > n // 2  # drafts were verified in most runs
         assert _chi_square(counts, exact, n) < _chi_square_critical(26)
+
+
+def test_verify_is_greedy_or_sampled_acceptance_on_the_processed_distributions():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 7, generator=gen)
+    greedy = GenerationConfig(repetition_penalty=1.5)
+    probs = target_probs(logits, [1, 2], [3, 4], temperature=0.0, repetition_penalty=1.5)
+    assert speculative.verify(logits, [1, 2], [3, 4], greedy) == accept_greedy([3, 4], probs)
+    sampled = GenerationConfig(temperature=0.7, top_k=4)
+    probs = target_probs(logits, [1, 2], [3, 4], temperature=0.7, top_k=4)
+    got = speculative.verify(logits, [1, 2], [3, 4], sampled, generator=torch.Generator().manual_seed(9))
+    assert got == accept_sampled([3, 4], None, probs, torch.Generator().manual_seed(9))
+
+
+# ------------------------------------------------------------------------------------------------ engine wiring
+def _generate_speculates() -> bool:
+    import dataclasses
+
+    return "speculative_tokens" in {f.name for f in dataclasses.fields(GenerationConfig)}
+
+
+needs_engine = pytest.mark.skipif(not _generate_speculates(), reason="generate has no speculative_tokens setting")
+
+
+@needs_engine
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_generate_with_prompt_lookup_equals_plain_greedy(name):
+    model = _model(VARIANTS[name])
+    prompts = _prompts(seed=1, count=4)
+    for settings in (dict(), dict(eos_id=3), dict(stop=((4, 5), (6,)))):
+        plain = generate(model, prompts, max_new_tokens=20, **settings)
+        for k in (1, 3, 6):
+            spec = generate(model, prompts, max_new_tokens=20, speculative_tokens=k, **settings)
+            assert spec.rows() == plain.rows(), (k, settings)
+            assert spec.finish_reasons == plain.finish_reasons
+        for prompt, row in zip(prompts, plain.rows()):  # and the reference loop agrees with both
+            cfg = GenerationConfig(max_new_tokens=20, **settings)
+            assert speculative_generate(model, prompt, cfg, draft="lookup").tokens == row
+
+
+@needs_engine
+@pytest.mark.parametrize("overflow", ["slide", "shift", "error"])
+def test_drafts_at_the_end_of_the_context_change_nothing(overflow):
+    """Prompts that end near C (and, under slide/shift, continuations that pass it): a draft must never write past
+    the context nor change which tokens come out."""
+    model = _model(VARIANTS["gpt2"])
+    context = SMALL.context_length
+    phrase = [1, 2, 3, 4, 5]
+    prompts = [(phrase * 10)[:context - 9], (phrase * 10)[:context - 2], (phrase * 10)[:context - 6] + [7]]
+    new = 8 if overflow == "error" else 20
+    if overflow == "error":
+        prompts = [p[: context - new + 1] for p in prompts]
+    plain = generate(model, prompts, max_new_tokens=new, overflow=overflow)
+    for k in (2, 5):
+        spec = generate(model, prompts, max_new_tokens=new, overflow=overflow, speculative_tokens=k)
+        assert spec.rows() == plain.rows(), k
+
+
+@needs_engine
+def test_sampled_rows_are_not_changed_by_the_speculative_setting():
+    """Drafting is for greedy rows (a sampled row would need ``accept_sampled``): a seeded sampled batch draws the
+    same tokens with and without it, and a greedy row beside it still equals plain greedy."""
+    model = _model(VARIANTS["gpt2"])
+    prompts = _prompts(seed=2, count=3)
+    kwargs = dict(max_new_tokens=16, temperature=0.9, top_k=6, seed=5)
+    assert generate(model, prompts, speculative_tokens=4, **kwargs).rows() == generate(model, prompts,
+                                                                                        **kwargs).rows()

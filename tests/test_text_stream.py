@@ -184,7 +184,8 @@ def test_streamer_matches_whole_decoding_with_the_char_tokenizer():
     for _ in range(200):
         ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(0, 40))]
         text = tok.decode(ids)
-        stops = [text[i:i + rng.randint(1, 5)] for i in (rng.randrange(len(text) + 1) for _ in range(2))] if text else []
+        starts = [rng.randrange(len(text) + 1) for _ in range(2)] if text else []
+        stops = [text[i:i + rng.randint(1, 5)] for i in starts]
         stops = [s for s in stops if s] or ["zz"[: rng.randint(1, 2)]]
         pieces = _check_equal(tok, ids, stops)
         assert all(len(p) <= 6 for p in pieces[:-1])  # pieces stream: at most a held stop prefix + one character

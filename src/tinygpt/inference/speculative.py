@@ -12,10 +12,11 @@ over those distributions, so the engine and ``speculative_generate`` (the refere
   min(1, p(d_i) / q(d_i)); at the first rejection draw from norm(max(0, p - q)); after k acceptances draw one more
   from the target's last distribution. Every token then has exactly the target's distribution);
 - ``target_probs``: the distributions p the row really samples from (``sampling.sampling_probs``: repetition
-  penalty with the draft's earlier tokens counted as seen, temperature, top-k, top-p);
+  penalty with the draft's earlier tokens counted as seen, temperature, top-k, top-p); ``verify`` is both steps
+  for one row, greedy or sampled;
 - ``DraftController``: how many tokens to draft per row, and when to stop drafting for a row whose drafts fail.
 
-Speed, with and without drafting: ``python -m benchmarks.serve --workload speculative``.
+Speed, with and without drafting: ``python -m benchmarks.serve --workloads speculative``.
 """
 
 from __future__ import annotations
@@ -273,6 +274,19 @@ def target_probs(logits: torch.Tensor, tokens: Sequence[int], draft: Sequence[in
                           repetition_penalty=repetition_penalty, seen=seen)
 
 
+def verify(logits: torch.Tensor, tokens: Sequence[int], draft: Sequence[int], settings: Any, *,
+           draft_probs: torch.Tensor | None = None, generator: torch.Generator | None = None) -> list[int]:
+    """One row's verification, greedy or sampled: logits [k + 1, V] (the target's, after ``tokens`` and each
+    prefix of ``draft``) -> the 1 .. k + 1 tokens the row writes. ``settings``: anything with ``temperature``,
+    ``top_k``, ``top_p`` and ``repetition_penalty`` (a ``GenerationConfig``); ``draft_probs`` [k, V] as for
+    ``accept_sampled``. With temperature 0 it is ``accept_greedy`` on the (penalised) distributions."""
+    probs = target_probs(logits, tokens, draft, temperature=settings.temperature, top_k=settings.top_k,
+                         top_p=settings.top_p, repetition_penalty=settings.repetition_penalty)  # [k + 1, V]
+    if settings.temperature == 0.0:
+        return accept_greedy(draft, probs)
+    return accept_sampled(draft, draft_probs, probs, generator)
+
+
 # ------------------------------------------------------------------------------------------------ reference loop
 @dataclass
 class SpeculativeResult:
@@ -329,8 +343,6 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
     param = next(model.parameters())
     if generator is None and cfg.seed is not None and cfg.temperature > 0:
         generator = torch.Generator(device=param.device).manual_seed(cfg.seed)
-    settings = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                    repetition_penalty=cfg.repetition_penalty)
     cache = KVCache(model.config, 1, dtype=param.dtype, device=param.device)
     new: list[int] = []
     drafted = accepted = 0
@@ -342,11 +354,7 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
         logits = model(torch.tensor([seq], device=param.device), cache=cache, last_only=True)[0]  # [1, V]
         forwards, drafts, draft_probs = 1, [], None
         while True:
-            probs = target_probs(logits, seq, drafts, **settings)  # [k + 1, V]
-            if cfg.temperature == 0.0:
-                out = accept_greedy(drafts, probs)
-            else:
-                out = accept_sampled(drafts, draft_probs, probs, generator)
+            out = verify(logits, seq, drafts, cfg, draft_probs=draft_probs, generator=generator)
             if drafts:
                 drafted, accepted = drafted + len(drafts), accepted + len(out) - 1
                 controller.update(len(drafts), len(out) - 1)
