@@ -27,6 +27,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="the model's id in the API (default: the directory's name or the hub name)")
     p.add_argument("--api-key", metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set, else no key)")
+    p.add_argument("--token-budget", type=int, default=None, metavar="N",
+                   help="tokens per forward: every running row's decode first, then chunks of waiting prompts "
+                        "(default: 256, or --max-batch if larger)")
+    p.add_argument("--cache-tokens", type=int, default=None, metavar="N",
+                   help="positions the KV cache holds, allocated once (default: --max-batch x the context)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="do not reuse the cached keys/values of a prompt's prefix (a shared system prompt, the "
+                        "previous turns of a chat)")
+    p.add_argument("--speculative", choices=["off", "lookup"], default="off",
+                   help="lookup: prompt-lookup speculative decoding (drafts copied from the row's own text, verified "
+                        "in one forward; the same tokens for greedy rows, the same distribution for sampled ones)")
+    p.add_argument("--speculative-tokens", type=int, default=4, metavar="K",
+                   help="draft tokens verified per forward at most, with --speculative lookup (default: 4)")
     add_device_options(p)
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGTERM/SIGINT, seconds the in-flight requests get to finish (default: 10)")
@@ -40,6 +53,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     checks.non_negative_int("max_queue", args.max_queue)
     checks.int_in_range("port", args.port, 0, 65535)
     checks.non_negative_number("shutdown_timeout", args.shutdown_timeout)
+    checks.int_in_range("token_budget", args.token_budget, args.max_batch, None, optional=True,
+                        note="(--max-batch: every running row decodes at every step)")
+    checks.positive_int("cache_tokens", args.cache_tokens, optional=True)
+    checks.positive_int("speculative_tokens", args.speculative_tokens)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise CommandError("--api-key must not be empty")
@@ -60,7 +77,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
     name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     app = create_app(model, tokenizer, model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
-                     api_key=api_key, dtype=args.dtype)
+                     api_key=api_key, dtype=args.dtype, engine_options=dict(
+                         token_budget=args.token_budget, cache_tokens=args.cache_tokens,
+                         prefix_reuse=not args.no_prefix_cache,
+                         speculative_tokens=args.speculative_tokens if args.speculative == "lookup" else 0))
     def announce(url: str) -> None:
         print(f"tinygpt serve: {name} on {url} (max batch {args.max_batch}, queue {args.max_queue}"
               f"{', API key required' if api_key else ''})", flush=True)

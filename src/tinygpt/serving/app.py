@@ -103,10 +103,12 @@ def _finish_error(event: Finish) -> APIError | None:
 
 
 def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tinygpt", max_batch: int = 8,
-               max_queue: int = 64, api_key: str | None = None, dtype: str = "auto") -> Starlette:
+               max_queue: int = 64, api_key: str | None = None, dtype: str = "auto",
+               engine_options: dict[str, Any] | None = None) -> Starlette:
     """The server for one model. ``max_batch`` rows decode together, ``max_queue`` more may wait (beyond that a
     request gets 429 with Retry-After); with ``api_key`` every endpoint but ``/`` and ``/health`` needs
     ``Authorization: Bearer <api_key>``; ``dtype`` means what every command's ``--dtype`` means (``tinygpt.devices``).
+    ``engine_options``: more ``BatchEngine`` keywords (token_budget, cache_tokens, prefix_reuse, speculative_tokens).
     The engine thread starts with the app's lifespan and stops with it."""
     context = model.config.context_length
     vocab = model.config.vocab_size
@@ -435,7 +437,7 @@ def create_app(model: nn.Module, tokenizer: TextCodec, *, model_name: str = "tin
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["engine"] = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue,
-                                      dtype=dtype)
+                                      dtype=dtype, **(engine_options or {}))
         try:
             yield
         finally:
