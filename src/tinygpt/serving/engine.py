@@ -70,6 +70,8 @@ class Finish:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     message: str = ""
+    accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
+    rejected_drafts: int = 0
 
 
 @dataclass
@@ -261,6 +263,7 @@ class BatchEngine:
         self._live.pop(live.row.id, None)
         self.core.cancel(live.row)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
+        event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
         self._emit(live.req, event)
 
     def _add(self, req: EngineRequest) -> None:
