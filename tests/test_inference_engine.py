@@ -29,7 +29,8 @@ def _schedule(model, rng: random.Random) -> tuple[InferenceEngine, list[Row]]:
     vocab, context = model.config.vocab_size, model.config.context_length
     max_rows = rng.choice([2, 3, 4])
     engine = InferenceEngine(model, max_rows=max_rows, token_budget=rng.choice([None, max_rows, max_rows + 3, 16]),
-                             cache_tokens=rng.choice([48, 64, 128]), block_size=rng.choice([4, 8]))
+                             cache_tokens=rng.choice([48, 64, 128]), block_size=rng.choice([4, 8]),
+                             chunk_per_decode=rng.choice([None, 3]))
     prefixes = [[rng.randrange(vocab) for _ in range(rng.randint(8, 20))] for _ in range(2)]
     rows: list[Row] = []
     for step in range(3000):

@@ -84,3 +84,17 @@ def test_a_row_that_cannot_grow_preempts_the_newest_which_is_recomputed_later():
     assert plan == [(new, 6)]
     sched.remove(new)
     assert blocks.all_free()
+
+
+def test_while_rows_decode_a_prompt_chunk_is_capped_per_decoding_row():
+    sched = Scheduler(BlockManager(64, 4), max_rows=4, token_budget=100, chunk_per_decode=5)
+    a = _row(3)
+    sched.add(a)
+    _run(sched.schedule())
+    long = _row(40)
+    sched.add(long)
+    plan = sched.schedule()
+    assert plan == [(a, 1), (long, 5)]  # one decoding row: 5 prompt tokens, not the 99 left
+    _run(plan)
+    sched.remove(a)
+    assert sched.schedule() == [(long, 35)]  # nobody decodes: the whole budget

@@ -49,7 +49,8 @@ class InferenceEngine:
     """One model, one paged cache allocated once, one scheduler.
 
     ``max_rows``: rows in the running batch. ``token_budget``: tokens per forward (None: no limit, every prompt is
-    prefilled in one piece). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
+    prefilled in one piece); ``chunk_per_decode``: while rows decode, prompt tokens per step at most this many per
+    decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): greedy
     rows feed up to k draft tokens with their last token and keep what the model agrees with (a per-row
     ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
@@ -57,7 +58,8 @@ class InferenceEngine:
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
                  cache_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, prefix_reuse: bool = True,
-                 speculative_tokens: int = 0, proposer: Proposer | None = None) -> None:
+                 speculative_tokens: int = 0, proposer: Proposer | None = None,
+                 chunk_per_decode: int | None = None) -> None:
         for name, value in (("max_rows", max_rows), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -76,7 +78,8 @@ class InferenceEngine:
         self.device = param.device
         self.cache = PagedKVCache(model.config, num_blocks, block_size, dtype=param.dtype, device=param.device)
         self.blocks = BlockManager(num_blocks, block_size)
-        self.scheduler = Scheduler(self.blocks, max_rows=max_rows, token_budget=token_budget)
+        self.scheduler = Scheduler(self.blocks, max_rows=max_rows, token_budget=token_budget,
+                                   chunk_per_decode=chunk_per_decode)
         self.runner = ModelRunner(model, self.cache)
         self.prefix_reuse = prefix_reuse
         if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:

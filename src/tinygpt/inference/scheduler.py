@@ -5,8 +5,10 @@ Every step spends at most ``token_budget`` tokens (Sarathi-Serve's stall-free ba
 1. decodes first: every running row whose prompt is in the cache feeds its one pending token (plus its draft, when
    speculative decoding proposed one, trimmed to what the budget leaves), oldest row first; the budget is at least
    the number of rows, so every running row decodes at every step;
-2. then chunks of the prompts being prefilled, oldest first, as many tokens as the budget still allows, so a long
-   prompt is prefilled over several steps between decode steps instead of stopping every stream;
+2. then chunks of the prompts being prefilled, oldest first, as many tokens as the budget still allows (and, with
+   ``chunk_per_decode``, at most that many per decoding row: a step's cost grows with its chunk, a decode step's
+   with its rows, so the chunk that keeps the gap between two tokens within a few decode steps grows with the
+   batch), so a long prompt is prefilled over several steps between decode steps instead of stopping every stream;
 3. then newcomers, first come first served, while there is budget, a free row (``max_rows``) and room in the cache
    for the newcomer's whole window (a cached prefix counts as room already taken: its blocks are shared).
 
@@ -27,8 +29,10 @@ from .row import Row
 class Scheduler:
     """Waiting and running rows over one ``BlockManager``. ``token_budget`` None: no limit."""
 
-    def __init__(self, blocks: BlockManager, *, max_rows: int, token_budget: int | None) -> None:
+    def __init__(self, blocks: BlockManager, *, max_rows: int, token_budget: int | None,
+                 chunk_per_decode: int | None = None) -> None:
         self.blocks, self.max_rows, self.token_budget = blocks, max_rows, token_budget
+        self.chunk_per_decode = chunk_per_decode
         self.waiting: collections.deque[Row] = collections.deque()
         self.running: list[Row] = []  # in admission order: the last is the newest
         self.preemptions = 0
@@ -72,6 +76,8 @@ class Scheduler:
             if row in self.running:
                 plan.append((row, n))
                 budget -= n
+        if plan and self.chunk_per_decode is not None:  # while rows decode, prompts wait a few decode steps at most
+            budget = min(budget, max(self.chunk_per_decode * len(plan), self.chunk_per_decode))
         for row in self.running:
             if row.pending > 1 and budget >= 1:
                 n = int(min(row.pending, budget))

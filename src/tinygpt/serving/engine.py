@@ -31,7 +31,8 @@ from ..inference.engine import InferenceEngine
 from ..inference.row import Row
 from ..text_stream import TextCodec, TextStreamer
 
-DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose it
+DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
+DEFAULT_CHUNK_PER_DECODE = 16  # while rows decode, prompt tokens per step per decoding row
 
 
 class QueueFull(Exception):
@@ -143,7 +144,8 @@ class BatchEngine:
         autocast(self.device, dtype)  # a bad value fails here, not on the engine's thread
         budget = max(DEFAULT_TOKEN_BUDGET, max_batch) if token_budget is None else token_budget
         self._options = dict(max_rows=max_batch, token_budget=budget, cache_tokens=cache_tokens,
-                             prefix_reuse=prefix_reuse, speculative_tokens=speculative_tokens)
+                             prefix_reuse=prefix_reuse, speculative_tokens=speculative_tokens,
+                             chunk_per_decode=DEFAULT_CHUNK_PER_DECODE)
         self.core = InferenceEngine(model, **self._options)
         self._inbox: collections.deque[EngineRequest] = collections.deque()
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
