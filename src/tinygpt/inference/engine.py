@@ -171,7 +171,10 @@ class InferenceEngine:
                 k = min(row.drafter.k(), row.config.max_new_tokens - row.n_new - 1,
                         self.context - row.window_length)
                 if k > 0:
-                    row.draft = list(self.proposer(row.window, k))[:k]
+                    try:
+                        row.draft = [int(t) for t in self.proposer(row.window, k)][:k]
+                    except Exception:  # a draft is only a guess: without one the row decodes as usual
+                        traceback.print_exc(file=sys.stderr)
         plan = self.scheduler.schedule()
         if not plan:
             return []
