@@ -145,6 +145,9 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         before: str | Path | None = None, rounds: int | None = None, phase_seconds: float = 120.0,
         draft: str | None = None, device: str = "cpu", log: Callable[[str], None] = lambda line: None
         ) -> dict[str, Any]:
+    """Start the servers, run ``workloads`` (see the module docstring) and return every row, table and ratio.
+    ``hf``: True (one HF server: plain, or continuous batching with ``hf_continuous_batching``), False, or modes
+    from ``HF_MODES``."""
     for name in workloads:
         if name not in wl.WORKLOADS:
             raise ValueError(f"workload {name!r} is not one of {', '.join(wl.WORKLOADS)}")
@@ -336,7 +339,8 @@ def _speculative(run: _Run) -> None:
 
         rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
         for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
-            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m, "rounds": run.rounds})
+            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m,
+                         "rounds": max(run.rounds, 3)})
         run.log(f"speculative {task}: done")
     run.result["tables"]["speculative"] = rows
 

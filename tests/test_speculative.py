@@ -43,6 +43,20 @@ def test_lookup_against_a_brute_force_search():
         assert propose_lookup(tokens, k, n_max) == expected
 
 
+def test_lookup_index_proposes_what_the_scan_does_as_a_row_grows():
+    rng = random.Random(1)
+    for _ in range(60):
+        n_max, tokens = rng.randint(1, 4), []
+        index = speculative.LookupIndex(n_max)
+        for _ in range(rng.randint(1, 10)):
+            tokens += [rng.randrange(3) for _ in range(rng.randint(0, 5))]
+            index.update(tokens)
+            for k in (1, 4):
+                assert index.propose(k) == propose_lookup(tokens, k, n_max), (tokens, k)
+    with pytest.raises(ValueError, match="only grow"):
+        index.update([7] * (len(tokens) + 1))
+
+
 def test_lookup_bad_arguments():
     with pytest.raises(ValueError, match="k=0"):
         propose_lookup([1, 2], 0)
@@ -279,27 +293,36 @@ def test_speculative_generate_bad_arguments():
         speculative_generate(model, [1], draft=DraftModel(_model(SMALL.replace(vocab_size=12))))
 
 
-@pytest.mark.slow
-def test_speculative_sampling_with_a_model_follows_its_distribution():
-    """End to end on a 3-token vocabulary: 3 new tokens sampled with lookup drafts (and with a sampled draft
-    model) against the exact probabilities of the 27 continuations, from the model's own forwards."""
-    config = GPTConfig(vocab_size=3, context_length=8, emb_dim=8, n_heads=2, n_layers=1)
-    model, prompt = _model(config, seed=5), [0, 1, 0, 1]
+TINY3 = GPTConfig(vocab_size=3, context_length=8, emb_dim=8, n_heads=2, n_layers=1)
+PROMPT3 = [0, 1, 0, 1]  # "0 1" recurs: prompt lookup drafts from the first step
+
+
+def _exact_continuations(model, prompt, temperature):
+    """The model's exact probability of each of the 27 three-token continuations of ``prompt``."""
     exact = {}
     with torch.inference_mode():
         for seq in itertools.product(range(3), repeat=3):
             logits = model(torch.tensor([prompt + list(seq[:2])]))[0, len(prompt) - 1:]  # [3, V]
-            probs = (logits / 0.9).softmax(-1)
+            probs = (logits / temperature).softmax(-1)
             exact[seq] = math.prod(float(probs[i, t]) for i, t in enumerate(seq))
+    return exact
+
+
+@pytest.mark.slow
+def test_speculative_sampling_with_a_model_follows_its_distribution():
+    """End to end on a 3-token vocabulary: 3 new tokens sampled with lookup drafts (and with a sampled draft
+    model) against the exact probabilities of the 27 continuations, from the model's own forwards."""
+    model = _model(TINY3, seed=5)
+    exact = _exact_continuations(model, PROMPT3, 0.9)
     cfg = GenerationConfig(max_new_tokens=3, temperature=0.9)
     gen = torch.Generator().manual_seed(0)
-    drafter = DraftModel(_model(config, seed=6), temperature=0.9, generator=gen)
+    drafter = DraftModel(_model(TINY3, seed=6), temperature=0.9, generator=gen)
     n = 2000
     for draft in ("lookup", drafter):
         counts: dict = {}
         drafted = 0
         for _ in range(n):
-            result = speculative_generate(model, prompt, cfg, draft=draft, generator=gen,
+            result = speculative_generate(model, PROMPT3, cfg, draft=draft, generator=gen,
                                           controller=DraftController(k_start=2))
             counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
             drafted += result.drafted
@@ -364,11 +387,15 @@ def test_drafts_at_the_end_of_the_context_change_nothing(overflow):
 
 
 @needs_engine
-def test_sampled_rows_are_not_changed_by_the_speculative_setting():
-    """Drafting is for greedy rows (a sampled row would need ``accept_sampled``): a seeded sampled batch draws the
-    same tokens with and without it, and a greedy row beside it still equals plain greedy."""
-    model = _model(VARIANTS["gpt2"])
-    prompts = _prompts(seed=2, count=3)
-    kwargs = dict(max_new_tokens=16, temperature=0.9, top_k=6, seed=5)
-    assert generate(model, prompts, speculative_tokens=4, **kwargs).rows() == generate(model, prompts,
-                                                                                        **kwargs).rows()
+@pytest.mark.slow
+def test_generate_sampling_with_drafts_follows_the_models_distribution():
+    """Sampled rows that verify drafts (``accept_sampled``) must keep the model's distribution: 2,000 seeded rows
+    of 3 new tokens against the exact probabilities of the 27 continuations."""
+    model = _model(TINY3, seed=5)
+    exact = _exact_continuations(model, PROMPT3, 0.9)
+    counts: dict = {}
+    for seed in (0, 1000, 2000, 3000):  # row i of a batch draws with seed + i: no row repeats another's seed
+        for row in generate(model, [PROMPT3] * 500, max_new_tokens=3, temperature=0.9, seed=seed,
+                            speculative_tokens=2).rows():
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    assert _chi_square(counts, exact, 2000) < _chi_square_critical(26)

@@ -68,8 +68,9 @@ class TextStreamer:
 
     How: ``window`` is the tokens since the last point where the decoded text ended on a whole character. Each
     step decodes only the window (the text of a byte-level tokenizer up to such a point never changes, UTF-8 being
-    self-synchronising), releases it up to any trailing U+FFFD, and moves the window on once the text ends whole.
-    Stop texts are searched in ``held`` (at most the longest stop text - 1 characters) + the new text.
+    self-synchronising), releases it up to any trailing U+FFFD, and moves the window on once the text ends whole
+    (a run of bytes that never form a character keeps the window open until a whole character follows). Stop texts
+    are searched in ``held`` (at most the longest stop text - 1 characters) + the new text.
     """
 
     def __init__(self, tokenizer: TextCodec, stop_texts: Sequence[str] = ()) -> None:

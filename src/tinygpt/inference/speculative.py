@@ -5,7 +5,8 @@ distributions it would have sampled from had it generated the drafts itself. The
 over those distributions, so the engine and ``speculative_generate`` (the reference loop at the end) share them:
 
 - drafts: ``propose_lookup`` (prompt-lookup decoding: copy what followed the latest earlier occurrence of the
-  row's last n-gram, no second model) or a ``DraftModel`` (a small tinygpt model sharing the tokenizer);
+  row's last n-gram, no second model; ``LookupIndex`` gives the same per row at a constant cost per token) or a
+  ``DraftModel`` (a small tinygpt model sharing the tokenizer);
 - verification: ``accept_greedy`` (the longest prefix of the draft equal to the target's argmax, then the target's
   own next token: token for token what plain greedy decoding writes) and ``accept_sampled`` (Leviathan et al.
   2023, "Fast Inference from Transformers via Speculative Decoding", Algorithm 1: accept d_i with probability
@@ -51,6 +52,44 @@ def propose_lookup(tokens: Sequence[int], k: int, max_ngram: int = 3) -> list[in
             if tokens[start] == first and tokens[start:start + n] == tail:
                 return tokens[start + n:start + n + k]
     return []
+
+
+class LookupIndex:
+    """``propose_lookup`` for a row whose tokens only grow, at O(``max_ngram``) work per token instead of a scan.
+
+    For each n it maps every n-gram that ends before the row's last token to where its latest occurrence ended
+    (the start of what followed it). ``update(tokens)`` indexes what was appended since the last call (``tokens``
+    is the row's whole sequence; it must extend the one seen before); ``propose(k)`` then returns exactly what
+    ``propose_lookup(tokens, k, max_ngram)`` would.
+    """
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        checks.positive_int("max_ngram", max_ngram)
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]  # [n][n-gram] -> end
+
+    def update(self, tokens: Sequence[int]) -> None:
+        """Index the tokens appended since the last call."""
+        old = len(self.tokens)
+        if len(tokens) < old or (old and tokens[old - 1] != self.tokens[-1]):  # a cheap check, not a full compare
+            raise ValueError("LookupIndex.update needs the row's sequence so far, extended (tokens only grow)")
+        self.tokens.extend(int(t) for t in tokens[old:])
+        # the n-grams tokens[end - n:end] for the ends not yet indexed, up to len - 1 (a match must end before the
+        # last token); a later end overwrites an earlier one, so each n-gram keeps its latest occurrence
+        for end in range(max(old, 1), len(self.tokens)):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.ends[n][tuple(self.tokens[end - n:end])] = end
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens: what followed the latest earlier occurrence of the longest recurring tail n-gram."""
+        checks.positive_int("k", k)
+        length = len(self.tokens)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            end = self.ends[n].get(tuple(self.tokens[length - n:]))
+            if end is not None:
+                return self.tokens[end:end + k]
+        return []
 
 
 class DraftModel:
