@@ -73,8 +73,8 @@ class GenerationConfig:
     rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
     recomputes the whole window at each step (same policy, same tokens up to float rounding).
     ``token_budget``: at most this many tokens per forward (prompts are then prefilled in chunks; unset: each
-    prompt in one piece). ``speculative_tokens`` k > 0: each greedy row verifies up to k prompt-lookup draft tokens
-    per forward (the same tokens, in fewer forwards on text that repeats itself; sampled rows do not draft).
+    prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k prompt-lookup draft tokens per
+    forward (greedy: the same tokens; sampled: the same distribution; fewer forwards on text that repeats itself).
     """
 
     max_new_tokens: int = 64

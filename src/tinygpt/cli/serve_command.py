@@ -37,7 +37,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "previous turns of a chat)")
     p.add_argument("--speculative", choices=["off", "lookup"], default="off",
                    help="lookup: prompt-lookup speculative decoding (drafts copied from the row's own text, verified "
-                        "in one forward, for greedy rows: the same tokens, fewer forwards on repetitive text)")
+                        "in one forward; the same tokens for greedy rows, the same distribution for sampled ones)")
     p.add_argument("--speculative-tokens", type=int, default=4, metavar="K",
                    help="draft tokens verified per forward at most, with --speculative lookup (default: 4)")
     add_device_options(p)

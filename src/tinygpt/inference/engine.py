@@ -51,8 +51,8 @@ class InferenceEngine:
     ``max_rows``: rows in the running batch. ``token_budget``: tokens per forward (None: no limit, every prompt is
     prefilled in one piece); ``chunk_per_decode``: while rows decode, prompt tokens per step at most this many per
     decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
-    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): greedy
-    rows feed up to k draft tokens with their last token and keep what the model agrees with (a per-row
+    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): rows
+    feed up to k draft tokens with their last token and keep what the model's verification accepts (a per-row
     ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
     """
 
@@ -139,10 +139,7 @@ class InferenceEngine:
         return self.scheduler.running + list(self.scheduler.waiting)
 
     def _draft_size(self, row: Row) -> int:
-        # greedy rows only: their tokens are the same with or without drafts, so the setting is purely a speed-up;
-        # a sampled row would draw differently (Leviathan et al.'s rule keeps its distribution, not its seed's text)
-        if (not self.speculative_tokens or row.config is None or not row.config.use_cache
-                or row.config.temperature > 0):
+        if not self.speculative_tokens or row.config is None or not row.config.use_cache:
             return 0
         return self.speculative_tokens
 

@@ -18,7 +18,7 @@ from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
 from .row import Row
-from .speculative import accept_greedy, target_probs
+from .speculative import accept_greedy, accept_sampled, target_probs
 
 
 def feed_of(row: Row, n: int) -> list[int]:
@@ -82,12 +82,14 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
 
 
 def verify(row: Row, logits: torch.Tensor) -> list[int]:
-    """Check a greedy row's draft against the target's logits [k + 1, V]: the drafts equal to the argmax (after the
-    repetition penalty, with the draft's earlier tokens counted as seen), then the target's own next token: 1 .. k + 1
-    tokens, exactly plain greedy's (``inference.speculative``)."""
+    """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
+    drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
+    rule with the row's own generator (exactly the target's distribution). ``inference.speculative``."""
     cfg = row.config
-    if cfg.repetition_penalty == 1.0:
+    if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
         return accept_greedy(row.draft, logits)
-    probs = target_probs(logits.float(), row.tokens, row.draft, temperature=0.0,
-                         repetition_penalty=cfg.repetition_penalty)  # [k + 1, V]: one-hot of each penalised argmax
-    return accept_greedy(row.draft, probs)
+    probs = target_probs(logits.float(), row.tokens, row.draft, temperature=cfg.temperature, top_k=cfg.top_k,
+                         top_p=cfg.top_p, repetition_penalty=cfg.repetition_penalty)  # [k + 1, V]
+    if cfg.temperature == 0:
+        return accept_greedy(row.draft, probs)
+    return accept_sampled(row.draft, None, probs, row.generator)

@@ -3,8 +3,8 @@
 Every step spends at most ``token_budget`` tokens (Sarathi-Serve's stall-free batching, vLLM's chunked prefill):
 
 1. decodes first: every running row whose prompt is in the cache feeds its one pending token (plus its draft, when
-   speculative decoding proposed one, trimmed to what the budget leaves), oldest row first; the budget is at least
-   the number of rows, so every running row decodes at every step;
+   speculative decoding proposed one: a greedy row's trimmed to what the budget leaves, a sampled row's whole),
+   oldest row first; the budget is at least the number of rows, so every running row decodes at every step;
 2. then chunks of the prompts being prefilled, oldest first, as many tokens as the budget still allows (and, with
    ``chunk_per_decode``, at most that many per decoding row: a step's cost grows with its chunk, a decode step's
    with its rows, so the chunk that keeps the gap between two tokens within a few decode steps grows with the
@@ -65,7 +65,10 @@ class Scheduler:
         for row in list(self.running):
             if row not in self.running or row.pending != 1:
                 continue
-            row.draft = row.draft[:max(0, int(min(budget, 1 << 30)) - 1)]  # (a greedy row's tokens do not change)
+            if row.config.temperature == 0:  # a greedy row's tokens do not depend on how much it drafts
+                row.draft = row.draft[:max(0, int(min(budget, 1 << 30)) - 1)]
+            # a sampled row's draft is never cut: how many random draws its verification takes must not depend on
+            # its neighbours, or its seed would not repeat its tokens (so its draft may overrun the budget)
             n = 1 + len(row.draft)
             while not self.blocks.grow(row.table, row.computed + n):
                 victim = self.running[-1]  # the newest row gives its room back
