@@ -113,7 +113,8 @@ def test_shift_never_exceeds_the_context_and_matches_its_definition(keep):
     forward = model.forward
 
     def recording_forward(idx, **kwargs):
-        widest.append(kwargs.get("start_pos", 0) + idx.shape[1])
+        batch = kwargs.get("batch")  # the engine's packed rows: each token's own position in its row
+        widest.append(int(batch.positions.max()) + 1 if batch is not None else kwargs.get("start_pos", 0) + idx.shape[1])
         return forward(idx, **kwargs)
 
     model.forward = recording_forward

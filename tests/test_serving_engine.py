@@ -201,3 +201,51 @@ def test_dtype_is_every_commands_dtype_bf16_autocast_on_the_engines_thread(engin
     assert next(model.parameters()).dtype == torch.float32  # autocast: the weights stay float32
     with pytest.raises(ValueError, match="dtype='fp16' is not allowed"):
         BatchEngine(model, tokenizer(), dtype="fp16")
+
+
+class _FailingSink(Collector):
+    """Raises on its third event, as a sink whose client went away mid-stream."""
+
+    def __call__(self, event):
+        super().__call__(event)
+        if len(self.events) == 3:
+            raise ConnectionError("the client went away")
+
+
+def test_rows_that_fail_finish_alone_and_every_request_gets_an_answer(engine_factory):
+    model = tiny_model()
+    engine = engine_factory(model, max_batch=4, max_queue=16, token_budget=6)
+    prompts = _prompts(5, 3, 14, seed=4)
+    good = [Collector() for _ in prompts]
+    engine.submit([_request(p, 12, s) for p, s in zip(prompts[:2], good[:2])])
+    wait_until(lambda: len(good[0].events) >= 2, message="the batch running")
+    # values that pass validation but fail on the engine: a seed torch refuses, a temperature that makes the
+    # probabilities inf, and a sink that raises; they join a running batch beside well-behaved rows
+    bad_seed, bad_temperature, bad_sink = Collector(), Collector(), _FailingSink()
+    engine.submit([_request(prompts[2], 12, good[2]), _request([5, 6, 7], 8, bad_seed, temperature=0.8, seed=2 ** 70),
+                   _request([8, 9], 8, bad_temperature, temperature=1e-40), _request(prompts[3], 12, bad_sink),
+                   _request(prompts[4], 12, good[4])])
+    for s in good[:3] + good[4:] + [bad_seed, bad_temperature]:
+        s.wait()
+    wait_until(lambda: engine.load() == {"running": 0, "waiting": 0}, message="every row gone")
+    assert bad_seed.finish.reason == "error" and bad_seed.tokens == []
+    assert bad_temperature.finish.reason == "error" and "probability" in bad_temperature.finish.message
+    assert bad_sink.finish.reason == "error" and len(bad_sink.tokens) == 3  # nothing after the failed delivery
+    for p, s in zip(prompts[:3] + prompts[4:], good[:3] + good[4:]):
+        assert s.tokens == offline(model, p, 12)
+    assert engine.core.blocks.all_free()
+
+
+def test_a_shared_prefix_is_computed_once_and_changes_no_token(engine_factory):
+    model = tiny_model()
+    engine = engine_factory(model, max_batch=4, max_queue=16)
+    system = _prompts(1, 40, 40, seed=5)[0]
+    first = Collector()
+    engine.submit([_request(system + [7, 8], 6, first)])
+    first.wait()
+    turns = [system + tail for tail in ([9], [10, 11], [12, 13, 14])]
+    sinks = [Collector() for _ in turns]
+    engine.submit([_request(t, 6, s) for t, s in zip(turns, sinks)])
+    for t, s in zip(turns, sinks):
+        assert s.wait().tokens == offline(model, t, 6)
+    assert engine.core.blocks.hits >= 3 * 32  # each newcomer took the system prompt's two full blocks

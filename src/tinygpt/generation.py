@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from . import checks
-from .kv_cache import KVCache
-from .sampling import next_tokens
+from .inference.engine import DEFAULT_BLOCK_SIZE, InferenceEngine
+from .inference.row import Row
 
 OVERFLOW_POLICIES = ("slide", "shift", "error")
 
@@ -94,6 +94,9 @@ class GenerationConfig:
     it produces ``eos_id`` or its new tokens end with one of the ``stop`` sequences (both kept in its output); finished
     rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
     recomputes the whole window at each step (same policy, same tokens up to float rounding).
+    ``token_budget``: at most this many tokens per forward (prompts are then prefilled in chunks; unset: each
+    prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k prompt-lookup draft tokens per
+    forward (greedy: the same tokens; sampled: the same distribution; fewer forwards on text that repeats itself).
     """
 
     max_new_tokens: int = 64
@@ -108,6 +111,8 @@ class GenerationConfig:
     shift_keep: int | None = None
     use_cache: bool = True
     pad_id: int = 0
+    token_budget: int | None = None
+    speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         checks.non_negative_int("max_new_tokens", self.max_new_tokens)
@@ -128,6 +133,8 @@ class GenerationConfig:
         checks.choice("overflow", self.overflow, OVERFLOW_POLICIES)
         checks.positive_int("shift_keep", self.shift_keep, optional=True, note="(unset: C // 2)")
         checks.boolean("use_cache", self.use_cache)
+        checks.positive_int("token_budget", self.token_budget, optional=True, note="(unset: no limit)")
+        checks.non_negative_int("speculative_tokens", self.speculative_tokens, note="(0 means off)")
 
     def replace(self, **overrides: Any) -> "GenerationConfig":
         """A copy with some fields changed (validated again); an unknown name is a ``ValueError``."""
@@ -206,127 +213,6 @@ def _check_for_model(cfg: GenerationConfig, rows: list[list[int]], vocab_size: i
     return keep
 
 
-class _Engine:
-    """The step loop behind ``stream``: windows, the cache, padding, sampling and stopping for B rows."""
-
-    def __init__(
-        self, model: nn.Module, rows: list[list[int]], cfg: GenerationConfig, keep: int,
-        generator: torch.Generator | None,
-    ) -> None:
-        self.model, self.cfg, self.keep = model, cfg, keep
-        self.context = model.config.context_length
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        self.seqs = [list(r) for r in rows]  # what the model is fed: prompt, then every sampled token
-        self.starts = [0] * len(rows)  # row i's window is seqs[i][starts[i]:]
-        if generator is None and cfg.seed is not None and cfg.temperature > 0:
-            generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.generator = generator
-        self.cache: KVCache | None = None
-        self.width = 0  # padded window length of the last model call = positions filled in the cache
-        self.pads: list[int] = []
-        self.positions_offset: torch.Tensor | None = None  # [B, 1] pads, or None when no row is padded
-        self.key_mask: torch.Tensor | None = None  # [B, capacity] True = real token
-
-    def _apply_policy(self) -> bool:
-        """Move the windows' starts if the next model call would see more than C tokens; True if they moved.
-
-        slide: the last C tokens (every step once past C); shift: the last ``keep`` tokens (once per C - keep).
-        """
-        longest = max(len(s) - st for s, st in zip(self.seqs, self.starts))
-        if longest <= self.context:
-            return False
-        keep = self.context if self.cfg.overflow == "slide" else self.keep
-        # Per row, so that a row's tokens never depend on its neighbours: only a row whose own window is too long
-        # moves ("error" was ruled out before any work; if it got here anyway, the model's own check raises).
-        self.starts = [len(s) - keep if len(s) - st > self.context else st for s, st in zip(self.seqs, self.starts)]
-        return True
-
-    def _full_forward(self) -> torch.Tensor:
-        """Run the padded windows [B, W] through the model (filling the cache if there is one); -> logits [B, V]."""
-        windows = [s[st:] for s, st in zip(self.seqs, self.starts)]
-        width = max(len(w) for w in windows)
-        self.pads = [width - len(w) for w in windows]
-        pad = self.cfg.pad_id
-        idx = torch.tensor([[pad] * p + w for p, w in zip(self.pads, windows)], device=self.device)  # [B, W]
-        positions = key_mask = None
-        if any(self.pads):
-            pads = torch.tensor(self.pads, device=self.device)[:, None]  # [B, 1]
-            # Row i's real tokens sit at columns pads[i]..W-1 and get positions 0.. as if generated alone.
-            positions = (torch.arange(width, device=self.device) - pads).clamp(min=0)  # [B, W]
-            capacity = self.cache.max_length if self.cache is not None else width
-            self.key_mask = torch.arange(capacity, device=self.device) >= pads  # [B, capacity]
-            key_mask = self.key_mask[:, :width]
-            self.positions_offset = pads
-        else:
-            self.key_mask = self.positions_offset = None
-        self.width = width
-        logits = self.model(idx, cache=self.cache, positions=positions, key_mask=key_mask, last_only=True)
-        return logits[:, -1]  # [B, V]
-
-    def _decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed the last sampled tokens [B] at cache position ``width``; -> logits [B, V]."""
-        pos = self.width
-        positions = key_mask = None
-        if self.positions_offset is not None:
-            positions = pos - self.positions_offset  # [B, 1]
-            key_mask = self.key_mask[:, : pos + 1]
-        self.width = pos + 1
-        logits = self.model(
-            tokens[:, None], cache=self.cache, start_pos=pos, positions=positions, key_mask=key_mask, last_only=True
-        )
-        return logits[:, -1]  # [B, V]
-
-    def steps(self, finish_reasons: list[str]) -> Iterator[list[int | None]]:
-        cfg, batch = self.cfg, len(self.seqs)
-        n_new = [0] * batch
-        done = [False] * batch
-        max_stop = max((len(s) for s in cfg.stop), default=0)
-        seen = None
-        with torch.inference_mode():
-            if cfg.repetition_penalty != 1.0:
-                seen = torch.zeros(batch, self.model.config.vocab_size, dtype=torch.bool, device=self.device)
-                for i, row in enumerate(self.seqs):
-                    seen[i, row] = True
-            if cfg.use_cache:
-                self._apply_policy()
-                longest = max(len(s) - st for s, st in zip(self.seqs, self.starts))
-                capacity = min(self.context, longest + cfg.max_new_tokens - 1)
-                self.cache = KVCache(self.model.config, batch, dtype=self.dtype, device=self.device,
-                                     max_length=max(capacity, 1))
-        tokens = None
-        for _ in range(cfg.max_new_tokens):
-            with torch.inference_mode():
-                moved = self._apply_policy()
-                if tokens is None or moved or self.cache is None:
-                    logits = self._full_forward()
-                else:
-                    logits = self._decode(tokens)
-                tokens = next_tokens(
-                    logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                    repetition_penalty=cfg.repetition_penalty, seen=seen, generator=self.generator,
-                )  # [B]
-                if seen is not None:
-                    seen.scatter_(1, tokens[:, None], True)
-            out: list[int | None] = []
-            for i, tok in enumerate(tokens.tolist()):
-                self.seqs[i].append(tok)
-                if done[i]:
-                    out.append(None)
-                    continue
-                n_new[i] += 1
-                out.append(tok)
-                if tok == cfg.eos_id:
-                    done[i], finish_reasons[i] = True, "eos"
-                elif max_stop and any(
-                    n_new[i] >= len(s) and tuple(self.seqs[i][-len(s):]) == s for s in cfg.stop
-                ):
-                    done[i], finish_reasons[i] = True, "stop"
-            yield out
-            if all(done):
-                return
-
-
 def stream(
     model: nn.Module,
     prompts: torch.Tensor | Sequence[int] | Sequence[Sequence[int]],
@@ -341,31 +227,76 @@ def stream(
     ``overrides`` (``GenerationConfig`` fields). Everything is checked before the first step; the model is in
     eval mode while the iterator runs and goes back to its mode when it ends or is closed.
     """
-    engine = _prepare(model, prompts, config, generator, overrides)
-    return _run(model, engine, None)
+    rows, cfg = _prepare(model, prompts, config, generator, overrides)
+    return _steps(model, rows, cfg, generator)
 
 
 def _prepare(
     model: nn.Module, prompts: object, config: GenerationConfig | None, generator: torch.Generator | None,
     overrides: dict[str, Any],
-) -> _Engine:
+) -> tuple[list[list[int]], GenerationConfig]:
     """Every check, before any work: settings, prompts, their fit in the context, the generator."""
     if config is not None and not isinstance(config, GenerationConfig):
         raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}")
     cfg = (config or GenerationConfig()).replace(**overrides)
     rows = _prompt_rows(prompts, model.config.vocab_size)
-    keep = _check_for_model(cfg, rows, model.config.vocab_size, model.config.context_length)
+    _check_for_model(cfg, rows, model.config.vocab_size, model.config.context_length)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return _Engine(model, rows, cfg, keep, generator)
+    if cfg.token_budget is not None and cfg.token_budget < len(rows):
+        raise ValueError(f"token_budget={cfg.token_budget} must be >= the batch's {len(rows)} prompts (every row "
+                         f"decodes at every step)")
+    return rows, cfg
 
 
-def _run(model: nn.Module, engine: _Engine, finish_reasons: list[str] | None) -> Iterator[list[int | None]]:
-    reasons = finish_reasons if finish_reasons is not None else ["length"] * len(engine.seqs)
+def _steps(
+    model: nn.Module, prompts: list[list[int]], cfg: GenerationConfig, generator: torch.Generator | None,
+    finish_reasons: list[str] | None = None,
+) -> Iterator[list[int | None]]:
+    """The inference engine on the batch: one row per prompt, each at its own positions in one paged cache.
+
+    The engine gives each row 0 or more tokens per forward (none while its prompt is prefilled in chunks, several
+    when a draft is accepted); this yields step k's list once every unfinished row has its k-th token, so the
+    lists are what stepping every row together gives.
+    """
+    if cfg.max_new_tokens == 0:
+        return
+    context = model.config.context_length
+    longest = max(len(p) for p in prompts)
+    per_row = min(context, longest + cfg.max_new_tokens) + cfg.speculative_tokens
+    blocks = -(-per_row // DEFAULT_BLOCK_SIZE)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        yield from engine.steps(reasons)
+        with torch.inference_mode():
+            engine = InferenceEngine(model, max_rows=len(prompts), token_budget=cfg.token_budget,
+                                     cache_tokens=len(prompts) * blocks * DEFAULT_BLOCK_SIZE,
+                                     speculative_tokens=cfg.speculative_tokens)
+            rows = []
+            for i, prompt in enumerate(prompts):
+                own = generator
+                if own is None and cfg.seed is not None and cfg.temperature > 0:
+                    own = torch.Generator(device=device).manual_seed(cfg.seed + i)  # row i: seed + i
+                rows.append(engine.add(Row(list(prompt), cfg, generator=own)))
+        queues: list[list[int]] = [[] for _ in rows]
+        given = [0] * len(rows)  # tokens already yielded per row
+        while True:
+            while not all(q or r.finished for q, r in zip(queues, rows)):
+                with torch.inference_mode():
+                    engine.step()
+                for i, row in enumerate(rows):
+                    if row.finish_reason == "error":
+                        raise RuntimeError(f"generation failed for prompt {i}: {row.error}")
+                    queues[i].extend(row.tokens[len(prompts[i]) + given[i] + len(queues[i]):])
+            if not any(queues):
+                break
+            out = [q.pop(0) if q else None for q in queues]
+            for i, token in enumerate(out):
+                given[i] += token is not None
+            yield out
+        if finish_reasons is not None:
+            finish_reasons[:] = [r.finish_reason for r in rows]
     finally:
         model.train(was_training)
 
@@ -382,11 +313,10 @@ def generate(
 
     >>> generate(model, [[1, 2, 3], [4]], max_new_tokens=5).rows()  # doctest: +SKIP
     """
-    engine = _prepare(model, prompts, config, generator, overrides)
-    rows, cfg = engine.seqs, engine.cfg
+    rows, cfg = _prepare(model, prompts, config, generator, overrides)
     reasons = ["length"] * len(rows)
     per_row: list[list[int]] = [[] for _ in rows]
-    for step in _run(model, engine, reasons):
+    for step in _steps(model, rows, cfg, generator, reasons):
         for i, tok in enumerate(step):
             if tok is not None:
                 per_row[i].append(tok)
@@ -395,4 +325,3 @@ def generate(
     for i, r in enumerate(per_row):
         tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
     return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons)
-

@@ -92,3 +92,50 @@ class LayerCache:
         self.values[:, :, start_pos:end] = v
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class PagedKVCache:
+    """The inference engine's cache: every layer's keys and values in one pool of ``num_blocks`` blocks of
+    ``block_size`` positions, allocated once. Which block holds which row's positions is the engine's business
+    (``inference.blocks``); the model only sees flat slot numbers, slot = block * block_size + offset.
+
+    ``layers[i]`` is layer i's ``PagedLayerCache``: keys and values [num_blocks * block_size, Hkv, hd] (token-major,
+    so a row's positions gather into [rows, Hkv, L, hd] with one ``index_select``). Block 0 is kept zero and never
+    handed out: it is where padding slots point, so a masked key is a finite zero and never a NaN.
+    """
+
+    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks} must be >= 2 (block 0 is the padding block)")
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (num_blocks * block_size, config.kv_heads, config.head_dim)
+        self.layers = []
+        for _ in range(config.n_layers):
+            # empty, not zeros: a slot is always written before it is read; only the padding block must be zero
+            keys, values = torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+            keys[:block_size].zero_()
+            values[:block_size].zero_()
+            self.layers.append(PagedLayerCache(keys, values))
+
+
+class PagedLayerCache:
+    """One layer's slice of the pool: keys and values [slots, Hkv, hd]."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys = keys
+        self.values = values
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [1, Hkv, N, hd] of N tokens at ``slots`` [N]."""
+        self.keys.index_copy_(0, slots, k[0].transpose(0, 1).to(self.keys.dtype))  # [N, Hkv, hd]
+        self.values.index_copy_(0, slots, v[0].transpose(0, 1).to(self.values.dtype))
+
+    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``slots`` [R, L] -> 2 x [R, Hkv, L, hd]."""
+        r, n = slots.shape
+        k = self.keys.index_select(0, slots.flatten()).view(r, n, *self.keys.shape[1:])  # [R, L, Hkv, hd]
+        v = self.values.index_select(0, slots.flatten()).view(r, n, *self.values.shape[1:])
+        return k.transpose(1, 2), v.transpose(1, 2)

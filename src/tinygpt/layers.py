@@ -17,7 +17,8 @@ from torch import nn
 
 from .config import GPTConfig
 from .fast import Linear  # nn.Linear (same parameters and init) whose inference product may run on oneDNN: fast/
-from .kv_cache import LayerCache
+from .inference.batch import Batch
+from .kv_cache import LayerCache, PagedLayerCache
 from .rope import apply_rope
 
 
@@ -205,14 +206,15 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(config.attn_dropout)  # on the weights; SDPA is given the same rate
 
     def forward(
-        self, x: torch.Tensor, pos: Positions = FROM_START, cache: LayerCache | None = None, *,
-        return_weights: bool = False,
+        self, x: torch.Tensor, pos: Positions | Batch = FROM_START, cache: LayerCache | PagedLayerCache | None = None,
+        *, return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: [B, T, D] at absolute positions pos.start .. pos.start + T - 1 -> [B, T, D].
 
         ``cache``: this layer's keys/values of earlier positions are read from it and this call's written into it.
         ``return_weights``: also return the attention weights [B, H, T, S] (written out; the default path runs
         ``scaled_dot_product_attention``, which computes the same thing without materialising them).
+        With a ``Batch`` (the inference engine's packed rows, x [1, N, D]) and its paged cache: ``attend_batch``.
         """
         b, t, d = x.shape
         kv_dim = self.n_kv_heads * self.head_dim
@@ -222,6 +224,9 @@ class MultiHeadAttention(nn.Module):
         v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         if pos.rope is not None:  # rotate before k enters the cache: a cached key keeps its position
             q, k = apply_rope(q, *pos.rope), apply_rope(k, *pos.rope)
+        if isinstance(pos, Batch):
+            context = self.attend_batch(q, k, v, pos, cache)  # [1, H, N, hd]
+            return self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # [1, N, D]
         if cache is not None:
             k, v = cache.update(pos.start, k, v)  # [B, Hkv, S, hd], S = start + T
         s = k.shape[2]  # S = start + T keys with a cache, T without (positions alone let no query see more)
@@ -241,6 +246,35 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # merge the heads: [B, T, D]
         return (out, weights) if return_weights else out
 
+    def attend_batch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch,
+                     cache: PagedLayerCache) -> torch.Tensor:
+        """Attention for packed rows: q [1, H, N, hd], k/v [1, Hkv, N, hd] -> context [1, H, N, hd].
+
+        Every token's key/value is written to its slot first; then the decode rows (one query each) attend together
+        to their gathered keys under a padding mask, and each span attends causally to its own: query ``start + i``
+        sees the span's keys 0 .. start + i, as in a forward over the row alone.
+        """
+        cache.write(batch.write_slots, k, v)
+        gqa, parts, offset = self.n_heads > self.n_kv_heads, [], batch.decode_rows
+        if offset:
+            keys, values = cache.read(batch.decode_keys)  # [Bd, Hkv, L, hd]
+            queries = q[0, :, :offset].transpose(0, 1).unsqueeze(2)  # [Bd, H, 1, hd]
+            mask = None if batch.decode_mask is None else batch.decode_mask[:, None, None, :]  # [Bd, 1, 1, L]
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
+            parts.append(out.squeeze(2).transpose(0, 1).unsqueeze(0))  # [1, H, Bd, hd]
+        for span in batch.spans:
+            queries = q[:, :, offset:offset + span.length]  # [1, H, T, hd]
+            if span.start == 0:  # the row's first tokens: its keys are this call's, plain causal attention
+                keys, values = k[:, :, offset:offset + span.length], v[:, :, offset:offset + span.length]
+                mask = None
+            else:
+                keys, values = cache.read(span.keys[None])  # [1, Hkv, start + T, hd]
+                mask = causal_mask(span.start, span.length, span.start + span.length, device=q.device)  # [T, S]
+            parts.append(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
+                                                        is_causal=mask is None and span.length > 1, enable_gqa=gqa))
+            offset += span.length
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [1, H, N, hd]
+
 
 class TransformerBlock(nn.Module):
     """Attention and feed-forward, each with a residual connection. [B, T, D] -> [B, T, D].
@@ -259,7 +293,8 @@ class TransformerBlock(nn.Module):
         self.norm2 = make_norm(config)
         self.drop_shortcut = nn.Dropout(config.shortcut_dropout)
 
-    def forward(self, x: torch.Tensor, pos: Positions = FROM_START, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: Positions | Batch = FROM_START,
+                cache: LayerCache | PagedLayerCache | None = None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]; ``pos`` and ``cache`` (this layer's) go to the attention."""
         if self.pre_ln:
             u = x + self.drop_shortcut(self.att(self.norm1(x), pos, cache))

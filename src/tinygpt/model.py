@@ -16,7 +16,8 @@ from torch import nn
 
 from .config import GPTConfig
 from .fast import OutputHead, head_cross_entropy
-from .kv_cache import KVCache
+from .inference.batch import Batch
+from .kv_cache import KVCache, PagedKVCache
 from .layers import LayerNorm, Positions, RMSNorm, TransformerBlock, make_norm
 from .rope import RotaryEmbedding
 
@@ -125,16 +126,26 @@ class GPTModel(nn.Module):
         self,
         idx: torch.Tensor,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         start_pos: int = 0,
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
+        batch: Batch | None = None,
     ) -> torch.Tensor:
         """ids [B, T] -> embeddings -> blocks -> final norm: [B, T, D], the head's input. Arguments as for ``forward``."""
-        self.check_input(idx, start_pos)
+        if batch is None:
+            self.check_input(idx, start_pos)
+        elif cache is None or idx.shape != (1, batch.num_tokens):
+            # ids were checked when their rows were added to the engine: no value is read back from the device here
+            raise ValueError(f"a Batch of {batch.num_tokens} tokens needs idx [1, {batch.num_tokens}] and its "
+                             f"PagedKVCache, got idx {list(idx.shape)}" + (" and no cache" if cache is None else ""))
         if idx.dtype not in (torch.int64, torch.int32):  # nn.Embedding indexes with int32/int64 only
             idx = idx.long()
-        x, pos = self.embed(idx, start_pos=start_pos, positions=positions, key_mask=key_mask)  # [B, T, D]
+        if batch is not None:
+            x, pos = self.embed(idx, positions=batch.positions)  # [1, N, D]
+            pos = batch.with_rope(pos.rope)
+        else:
+            x, pos = self.embed(idx, start_pos=start_pos, positions=positions, key_mask=key_mask)  # [B, T, D]
         for layer, block in enumerate(self.trf_blocks):
             x = block(x, pos, None if cache is None else cache.layers[layer])  # [B, T, D]
         return self.final_norm(x)  # [B, T, D]
@@ -143,12 +154,13 @@ class GPTModel(nn.Module):
         self,
         idx: torch.Tensor,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         start_pos: int = 0,
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         last_only: bool = False,
         targets: torch.Tensor | None = None,
+        batch: Batch | None = None,
     ) -> torch.Tensor:
         """Token ids [B, T] -> logits [B, T, V] (or [B, 1, V] with ``last_only``), or with ``targets`` the loss.
 
@@ -161,10 +173,16 @@ class GPTModel(nn.Module):
         ``targets`` [B, T] (the next token of each position; -100 = ignore) returns the scalar mean cross-entropy
         instead, equal to ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``; ``fast.head_cross_entropy``
         computes it without materialising the [B, T, V] logits.
+
+        ``batch`` (``inference.batch.Batch``, with ``cache`` a ``PagedKVCache``): the inference engine's packed rows,
+        idx [1, N]; returns the logits [1, M, V] of the M tokens ``batch.logits_at`` names.
         """
         if targets is not None and last_only:
             raise ValueError("targets and last_only=True exclude each other: the loss needs every position's logits")
-        x = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask)
+        x = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask,
+                               batch=batch)
+        if batch is not None:
+            return self.out_head(x[:, batch.logits_at])  # [1, M, V]
         if targets is not None:
             return head_cross_entropy(x, self.out_head.weight, targets)  # checks targets: type, shape, id range
         if last_only:

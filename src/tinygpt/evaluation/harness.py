@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from ..generation import GenerationConfig, stream
 from ..model import GPTModel
+from ..text_stream import TextStreamer
 from ..tokenizer import Tokenizer
 from .scoring import score_rows
 
@@ -210,8 +211,11 @@ class TinyGPTLM(TemplateLM):
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], settings: GenerationConfig, until: list[str]) -> list[str]:
-        """Generate for the prompts until each row's text holds a stop text (or the engine ends the row)."""
-        new: list[list[int]] = [[] for _ in prompts]
+        """Generate for the prompts until each row's text holds a stop text (or the engine ends the row); each
+        row's text through one ``TextStreamer``, which decodes only the new tokens (the text before the first stop
+        text, whole characters only until the end)."""
+        streamers = [TextStreamer(self.tokenizer, [u for u in until if u]) for _ in prompts]
+        pieces: list[list[str]] = [[] for _ in prompts]
         stopped = [False] * len(prompts)
         steps = stream(self.model, prompts, settings)
         try:
@@ -220,11 +224,10 @@ class TinyGPTLM(TemplateLM):
                     if token is None or stopped[row]:
                         stopped[row] = True
                         continue
-                    new[row].append(token)
-                    if any(stop and stop in self.tokenizer.decode(new[row]) for stop in until):
-                        stopped[row] = True
+                    piece, stopped[row] = streamers[row].add(token)
+                    pieces[row].append(piece)
                 if all(stopped):
                     break
         finally:
             steps.close()
-        return [self.tokenizer.decode(tokens) for tokens in new]
+        return ["".join(p) + ("" if s.stopped else s.finish()) for p, s in zip(pieces, streamers)]

@@ -5,13 +5,11 @@ targets ``tokens[1:]`` are scored (log p(tokens[i] | tokens[:i]) summed over the
 what lm-eval's HF class computes for a (context, continuation) pair, ``(context + continuation)[-(C+1):]`` with
 n = len(continuation), and what a sliding-window perplexity computes for one window.
 
-Three things keep the work to what is needed (``python -m benchmarks.eval`` measures it against lm-eval's HF class):
-
-- Rows whose unscored prefix ``tokens[:-1-n]`` is the same (the choices of a multiple-choice question) run that
-  prefix once into a KV cache, copied to each row, and then only their own n tokens.
-- Rows are sorted by length and batched with their neighbours, right-padded: with causal attention a real
-  position never sees the padding after it, so no mask is needed and sorting keeps the padding small.
-- The output head (D x V, the largest matmul of a small GPT) and the log-softmax run on the scored positions only.
+The rows run on the inference core (``inference.engine``), as scoring rows: packed into forwards of at most
+``TOKEN_BUDGET`` tokens, the output head and the log-softmax on the scored positions only. Rows whose unscored
+prefix ``tokens[:-1-n]`` is the same (the choices of a multiple-choice question, a few-shot header) share it through
+prefix reuse: the first row of each group runs first, publishes the prefix's full blocks, and the others take them
+instead of computing them (``python -m benchmarks.eval`` measures it against lm-eval's HF class).
 """
 
 from __future__ import annotations
@@ -20,13 +18,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..kv_cache import KVCache
+from ..inference.engine import InferenceEngine
+from ..inference.row import Row
 from ..model import GPTModel
 
-HEAD_CHUNK = 1024  # scored positions per head matmul: bounds the [M, V] float32 logits (200 MB at V = 50257)
+TOKEN_BUDGET = 1024  # tokens per forward, and so scored positions per head matmul: bounds the [M, V] logits
 
 
 @dataclass(frozen=True)
@@ -59,136 +57,49 @@ def score_rows(
 ) -> list[RowScore]:
     """Score every row (see the module docstring); results in the order of ``rows``.
 
-    ``batch_size``: rows per forward call. The model runs in eval mode and goes back to its mode afterwards.
+    ``batch_size``: rows in the engine's batch at once. The model runs in eval mode and goes back to its mode.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    check_rows(rows, model.config.context_length)
+    context = model.config.context_length
+    check_rows(rows, context)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (tokens, n) in enumerate(rows):
         groups.setdefault(tuple(tokens[: len(tokens) - 1 - n]), []).append(i)
-    shared = [(prefix, members) for prefix, members in groups.items() if prefix and len(members) > 1]
-    alone = [i for prefix, members in groups.items() if not (prefix and len(members) > 1) for i in members]
+    ordered = sorted(groups.values(), key=lambda members: -len(rows[members[0]][0]))  # longest first
     results: list[RowScore | None] = [None] * len(rows)
+    # room for a batch of rows and for the prefixes they publish until the rest of their group takes them
+    engine = InferenceEngine(model, max_rows=batch_size, token_budget=max(TOKEN_BUDGET, batch_size),
+                             cache_tokens=2 * batch_size * (context + 1))
     was_training = model.training
     model.eval()
     try:
         with tqdm(total=len(rows), desc=desc, disable=not progress, unit="row") as bar:
-            alone.sort(key=lambda i: -len(rows[i][0]))
-            for start in range(0, len(alone), batch_size):
-                batch = alone[start:start + batch_size]
-                for i, score in zip(batch, _score_plain(model, [rows[i] for i in batch])):
-                    results[i] = score
-                bar.update(len(batch))
-            shared.sort(key=lambda g: -len(g[0]))
-            for batch_groups in _pack_groups(shared, rows, batch_size, model.config.context_length):
-                members = [i for _, group in batch_groups for i in group]
-                scores = _score_shared(model, [prefix for prefix, _ in batch_groups],
-                                       [[rows[i] for i in group] for _, group in batch_groups])
-                for i, score in zip(members, scores):
-                    results[i] = score
-                bar.update(len(members))
+            for batch in _pack_groups(ordered, batch_size):
+                firsts = [members[0] for members in batch]
+                rest = [i for members in batch for i in members[1:]]
+                for wave in (firsts, rest):  # the rest of each group finds its prefix in the cache
+                    scored = [(i, engine.add(Row(list(rows[i][0]), None, scored=rows[i][1]))) for i in wave]
+                    engine.run_until_done()
+                    for i, row in scored:
+                        if row.finish_reason != "length":
+                            raise RuntimeError(f"scoring row {i} failed: {row.error}")
+                        results[i] = RowScore(logprob=row.score.logprob, greedy=row.score.greedy)
+                    bar.update(len(wave))
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]
 
 
-def _pack_groups(groups: list[tuple[tuple[int, ...], list[int]]], rows: Sequence[tuple[Sequence[int], int]],
-                 batch_size: int, context_length: int):
-    """Consecutive groups (longest prefix first) with at most ``batch_size`` member rows in all (a larger group goes
-    alone), and whose longest prefix + longest scored part fits the context (the shared forward's width)."""
-    batch: list[tuple[tuple[int, ...], list[int]]] = []
-    count = width = suffix = 0
-    for group in groups:
-        n = max(rows[i][1] for i in group[1])
-        if batch and (count + len(group[1]) > batch_size or width + max(suffix, n) > context_length):
+def _pack_groups(groups: list[list[int]], batch_size: int):
+    """Consecutive groups with at most ``batch_size`` member rows in all (a larger group goes alone)."""
+    batch: list[list[int]] = []
+    count = 0
+    for members in groups:
+        if batch and count + len(members) > batch_size:
             yield batch
-            batch, count, width, suffix = [], 0, 0, 0
-        batch.append(group)
-        count += len(group[1])
-        width, suffix = max(width, len(group[0])), max(suffix, n)
+            batch, count = [], 0
+        batch.append(members)
+        count += len(members)
     if batch:
         yield batch
-
-
-def _device(model: GPTModel) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _right_padded(seqs: list[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """[B, T_max] ids, each row right-padded with id 0 (never seen by a real position under causal attention)."""
-    width = max(len(s) for s in seqs)
-    return torch.tensor([list(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long, device=device)
-
-
-def _head_scores(model: GPTModel, hidden: torch.Tensor, targets: torch.Tensor, counts: list[int]) -> list[RowScore]:
-    """hidden [M, D] of the scored positions, their targets [M] and each row's count -> one RowScore per row."""
-    logprobs, greedy = [], []
-    for start in range(0, hidden.shape[0], HEAD_CHUNK):
-        h, t = hidden[start:start + HEAD_CHUNK], targets[start:start + HEAD_CHUNK]
-        logp = F.log_softmax(model.out_head(h).float(), dim=-1)  # [m, V]
-        logprobs.append(logp.gather(1, t[:, None])[:, 0])
-        greedy.append(logp.argmax(dim=-1) == t)
-    lp, gr = torch.cat(logprobs).tolist(), torch.cat(greedy).tolist()
-    out, pos = [], 0
-    for n in counts:
-        out.append(RowScore(logprob=float(sum(lp[pos:pos + n])), greedy=all(gr[pos:pos + n])))
-        pos += n
-    return out
-
-
-def _score_plain(model: GPTModel, rows: list[tuple[Sequence[int], int]]) -> list[RowScore]:
-    """One forward over the rows' inputs tokens[:-1], right-padded; the head on the last n positions of each."""
-    device = _device(model)
-    idx = _right_padded([tokens[:-1] for tokens, _ in rows], device)  # [B, T]
-    h = model.hidden_states(idx)  # [B, T, D]
-    row_index, pos_index, targets = [], [], []
-    for b, (tokens, n) in enumerate(rows):
-        length = len(tokens) - 1
-        row_index += [b] * n
-        pos_index += range(length - n, length)
-        targets += tokens[len(tokens) - n:]
-    selected = h[torch.tensor(row_index, device=device), torch.tensor(pos_index, device=device)]  # [M, D]
-    return _head_scores(model, selected, torch.tensor(targets, device=device), [n for _, n in rows])
-
-
-def _score_shared(
-    model: GPTModel, prefixes: list[tuple[int, ...]], groups: list[list[tuple[Sequence[int], int]]]
-) -> list[RowScore]:
-    """Each prefix once into a cache (left-padded to the longest, masked), the cache copied to its group's rows, then
-    every row's n scored inputs tokens[-1-n:-1] in one cached forward, right-padded. Rows in group order."""
-    device, config = _device(model), model.config
-    dtype = next(model.parameters()).dtype
-    width = max(len(p) for p in prefixes)  # P
-    members = [row for group in groups for row in group]
-    suffix = max(n for _, n in members)  # S
-    pads = [width - len(p) for p in prefixes]
-    idx = torch.tensor([[0] * pad + list(p) for pad, p in zip(pads, prefixes)], dtype=torch.long, device=device)
-    positions = key_mask = None
-    pad_t = torch.tensor(pads, device=device)[:, None]  # [G, 1]
-    if any(pads):
-        positions = (torch.arange(width, device=device) - pad_t).clamp(min=0)  # [G, P]
-        key_mask = torch.arange(width, device=device) >= pad_t  # [G, P]
-    prefix_cache = KVCache(config, len(prefixes), dtype=dtype, device=device, max_length=width)
-    model.hidden_states(idx, cache=prefix_cache, positions=positions, key_mask=key_mask)
-    owner = torch.tensor([g for g, group in enumerate(groups) for _ in group], device=device)  # [N]
-    cache = KVCache(config, len(members), dtype=dtype, device=device, max_length=width + suffix)
-    for layer in range(config.n_layers):
-        cache.keys[layer][:, :, :width] = prefix_cache.keys[layer][owner]
-        cache.values[layer][:, :, :width] = prefix_cache.values[layer][owner]
-    del prefix_cache
-    inputs = _right_padded([tokens[len(tokens) - 1 - n: len(tokens) - 1] for tokens, n in members], device)  # [N, S]
-    positions = key_mask = None
-    if any(pads):
-        start = (width - pad_t[owner])  # [N, 1]: each row's real prefix length
-        positions = start + torch.arange(suffix, device=device)  # [N, S]
-        key_mask = torch.cat([torch.arange(width, device=device) >= pad_t[owner],
-                              torch.ones(len(members), suffix, dtype=torch.bool, device=device)], dim=1)
-    h = model.hidden_states(inputs, cache=cache, start_pos=width, positions=positions, key_mask=key_mask)  # [N, S, D]
-    row_index, pos_index, targets = [], [], []
-    for b, (tokens, n) in enumerate(members):
-        row_index += [b] * n
-        pos_index += range(n)
-        targets += tokens[len(tokens) - n:]
-    selected = h[torch.tensor(row_index, device=device), torch.tensor(pos_index, device=device)]  # [M, D]
-    return _head_scores(model, selected, torch.tensor(targets, device=device), [n for _, n in members])

@@ -1,25 +1,16 @@
-"""Continuous batching: one thread runs the model; requests join the running batch and leave it step by step.
+"""Continuous batching for the server: a thread and request adapter over the inference core.
 
-Every request (one choice of one prompt) becomes a *row*. A newcomer is prefilled alone, exactly as
-``tinygpt.generate`` prefills a single prompt (its own ``KVCache``, no padding, no mask), and its first token is
-drawn from that forward. It then joins the batch: its keys/values are copied into the batch's cache, and from then
-on every step feeds the last token of every row in one forward of B rows, each row with its own position and a
-key mask over the columns it owns.
+Every request (one choice of one prompt) becomes a row of ``inference.engine.InferenceEngine``: one paged cache
+allocated once, a token budget per step (decodes first, long prompts prefilled in chunks between decode steps),
+prefix reuse (a shared system prompt or the previous turn of a conversation is not computed again), preemption by
+recompute when the cache is full. This module only moves requests onto the engine's thread, turns each row's new
+tokens into events (``Step``, ``Finish``) and its text into final pieces (``text_stream.TextStreamer``: no split
+UTF-8 character, no partial stop text; a stop text or the end-of-text token ends the row with
+``finish_reason="stop"``, ``max_tokens`` with ``"length"``).
 
-Layout of the batch cache: all rows are right-aligned at column ``width`` (the next column to write); row r owns
-columns ``width - cached_r .. width - 1``. A row's keys depend only on its tokens and its own positions (the
-``positions`` argument), never on the column they are stored in, so copying a row's columns elsewhere changes
-nothing it computes. The cache is rebuilt (``_relayout``) when rows join or leave; its capacity is what the rows
-still need, at most C. A row alone with no padding runs with
-no mask and default positions: exactly ``generate``'s path for one prompt.
-
-Sampling is per row (``sampling.next_tokens`` on the row's logits [1, V], its own generator and seen-set), so a
-row's tokens never depend on its neighbours: a greedy row's output equals ``generate`` on its prompt alone, and a
-seeded sampled row repeats with the same seed whatever else is in the batch.
-
-Text: each row decodes its whole continuation at every step and releases only what is final
-(``text_stream``'s rules: no split UTF-8 character, no partial stop text); a stop text or the end-of-text token
-finishes the row at once (``finish_reason="stop"``), ``max_tokens`` with ``"length"``.
+Sampling is per row (its own settings, generator and seen-set), so a greedy row's tokens equal ``generate`` on its
+prompt alone and a seeded sampled row repeats whatever else is in the batch. A row that fails (its sampling, its
+settings, its sink) finishes alone with reason "error"; the others carry on and every request gets a ``Finish``.
 """
 
 from __future__ import annotations
@@ -36,9 +27,12 @@ from torch import nn
 
 from ..devices import autocast
 from ..generation import GenerationConfig
-from ..kv_cache import KVCache
-from ..sampling import next_tokens
-from ..text_stream import TextCodec, _safe_end
+from ..inference.engine import InferenceEngine
+from ..inference.row import Row
+from ..text_stream import TextCodec, TextStreamer
+
+DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
+DEFAULT_CHUNK_PER_DECODE = 16  # while rows decode, prompt tokens per step per decoding row
 
 
 class QueueFull(Exception):
@@ -77,6 +71,8 @@ class Finish:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     message: str = ""
+    accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
+    rejected_drafts: int = 0
 
 
 @dataclass
@@ -106,63 +102,6 @@ class EngineRequest:
         self.cancelled.set()
 
 
-class _TextTracker:
-    """The final text of one row's continuation so far (``text_stream``'s rules)."""
-
-    def __init__(self, tokenizer: TextCodec, stop_texts: tuple[str, ...]) -> None:
-        self.tokenizer, self.stop_texts = tokenizer, list(stop_texts)
-        self.ids: list[int] = []
-        self.shown = 0
-
-    def add(self, token: int) -> tuple[str, bool]:
-        """Append a token; returns (the newly final text, whether a stop text was reached)."""
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        hits = [i for i in (text.find(s) for s in self.stop_texts) if i >= 0]
-        if hits:
-            cut = max(min(hits), self.shown)
-            piece, self.shown = text[self.shown:cut], cut
-            return piece, True
-        end = _safe_end(text, self.stop_texts)
-        piece = ""
-        if end > self.shown:
-            piece, self.shown = text[self.shown:end], end
-        return piece, False
-
-    def rest(self) -> str:
-        """Whatever is still held back (at the end of a row that did not stop on a stop text)."""
-        text = self.tokenizer.decode(self.ids)
-        piece, self.shown = text[self.shown:], len(text)
-        return piece
-
-
-class _Row:
-    """A request being decoded: what it was fed, its cache columns, its sampling state."""
-
-    def __init__(self, req: EngineRequest, tokenizer: TextCodec, vocab_size: int, device: torch.device) -> None:
-        self.req = req
-        self.cfg = req.config
-        self.seq = list(req.prompt)  # prompt + every token drawn (the repetition penalty's "seen")
-        self.cached = 0  # tokens whose keys/values are in the cache
-        self.last = -1  # the last token drawn, fed at the next step
-        self.n_new = 0
-        self.slot = -1  # its row in the batch cache
-        self.own_cache: KVCache | None = None  # its prefill cache until it joins the batch cache
-        self.text = _TextTracker(tokenizer, req.stop_texts)
-        self.generator = None
-        if self.cfg.seed is not None and self.cfg.temperature > 0:
-            self.generator = torch.Generator(device=device).manual_seed(self.cfg.seed)  # as generate() seeds
-        self.seen = None
-        if self.cfg.repetition_penalty != 1.0:
-            self.seen = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)
-            self.seen[0, self.seq] = True
-
-    @property
-    def remaining(self) -> int:
-        """Tokens still to feed before the row is done (the last token drawn is never fed)."""
-        return self.cfg.max_new_tokens - self.n_new
-
-
 def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     if n <= 0:
         return []
@@ -170,13 +109,28 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
+class _Live:
+    """A request on the engine: its core row and its text."""
+
+    def __init__(self, req: EngineRequest, row: Row, tokenizer: TextCodec) -> None:
+        self.req, self.row = req, row
+        self.text = TextStreamer(tokenizer, req.stop_texts)
+        self.count = 0  # tokens delivered (the end-of-text one included)
+        self.done = False
+
+
 class BatchEngine:
-    """The scheduler: a thread that admits waiting requests (up to ``max_batch`` rows decode together) and steps
-    the batch. ``submit`` is thread-safe; events reach each request's ``sink``. ``max_queue`` bounds the rows that
-    wait for a place in the batch (beyond it ``submit`` raises ``QueueFull``)."""
+    """A thread that runs the inference core; ``submit`` is thread-safe and events reach each request's ``sink``.
+
+    ``max_batch`` rows decode together; ``max_queue`` bounds the rows that wait for a place (beyond it ``submit``
+    raises ``QueueFull``). ``token_budget``: tokens per forward (decodes first, then chunks of prompts).
+    ``cache_tokens``: positions the cache holds (default ``max_batch`` x the context). ``prefix_reuse``: take cached
+    prefixes. ``speculative_tokens``: prompt-lookup draft tokens verified per forward for greedy rows (0: off).
+    """
 
     def __init__(self, model: nn.Module, tokenizer: TextCodec, *, max_batch: int = 8, max_queue: int = 64,
-                 dtype: str = "auto") -> None:
+                 dtype: str = "auto", token_budget: int | None = None, cache_tokens: int | None = None,
+                 prefix_reuse: bool = True, speculative_tokens: int = 0) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
@@ -184,25 +138,32 @@ class BatchEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
-        self.context = model.config.context_length
-        self.vocab_size = model.config.vocab_size
         param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.device = param.device
         self.autocast_dtype = dtype  # "auto" / "float32" / "bfloat16": every model call runs under ``autocast``
         autocast(self.device, dtype)  # a bad value fails here, not on the engine's thread
-        self._waiting: collections.deque[EngineRequest] = collections.deque()
+        budget = max(DEFAULT_TOKEN_BUDGET, max_batch) if token_budget is None else token_budget
+        self._options = dict(max_rows=max_batch, token_budget=budget, cache_tokens=cache_tokens,
+                             prefix_reuse=prefix_reuse, speculative_tokens=speculative_tokens,
+                             chunk_per_decode=DEFAULT_CHUNK_PER_DECODE)
+        self.core = InferenceEngine(model, **self._options)
+        self._inbox: collections.deque[EngineRequest] = collections.deque()
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
-        self._rows: list[_Row] = []
-        self._cache: KVCache | None = None
-        self._width = 0
-        self._dirty = False  # the rows changed since the cache was laid out
+        self._live: dict[int, _Live] = {}
         self._cv = threading.Condition()
         self._stopping = False
-        self.steps = 0  # batched decode steps run (for /health and tests)
-        self.max_rows_seen = 0
         self._thread = threading.Thread(target=self._loop, name="tinygpt-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def steps(self) -> int:
+        """Forwards run (for /health and tests)."""
+        return self.core.steps
+
+    @property
+    def max_rows_seen(self) -> int:
+        return self.core.max_rows_seen
 
     # ------------------------------------------------------------------------------------------ public API
     def submit(self, requests: list[EngineRequest]) -> None:
@@ -211,10 +172,11 @@ class BatchEngine:
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
-            free_rows = self.max_batch - len(self._rows)
-            if len(self._waiting) + len(requests) > self.max_queue + max(free_rows, 0):
-                raise QueueFull(f"the queue is full ({len(self._waiting)} waiting, --max-queue {self.max_queue})")
-            self._waiting.extend(requests)
+            load = self._load()
+            free_rows = self.max_batch - load["running"]
+            if load["waiting"] + len(requests) > self.max_queue + max(free_rows, 0):
+                raise QueueFull(f"the queue is full ({load['waiting']} waiting, --max-queue {self.max_queue})")
+            self._inbox.extend(requests)
             self._cv.notify()
 
     def call(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
@@ -229,7 +191,11 @@ class BatchEngine:
     def load(self) -> dict[str, int]:
         """Rows decoding and rows waiting now."""
         with self._cv:
-            return {"running": len(self._rows), "waiting": len(self._waiting)}
+            return self._load()
+
+    def _load(self) -> dict[str, int]:
+        running = sum(1 for live in list(self._live.values()) if live.row in self.core.scheduler.running)
+        return {"running": running, "waiting": len(self._live) - running + len(self._inbox)}
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop: every row still running or waiting is finished with reason "cancelled"; waits for the thread."""
@@ -243,35 +209,31 @@ class BatchEngine:
         torch.set_grad_enabled(False)  # this thread only runs inference
         while True:
             with self._cv:
-                while not (self._rows or self._waiting or self._jobs or self._stopping):
+                while not (self._live or self._inbox or self._jobs or self._stopping):
                     self._cv.wait()
-                if self._stopping:
-                    leftovers = [r.req for r in self._rows] + list(self._waiting)
-                    self._rows, self._cache = [], None
-                    self._waiting.clear()
-                    jobs = list(self._jobs)
-                    self._jobs.clear()
-                    break
                 jobs = list(self._jobs)
                 self._jobs.clear()
-                room = self.max_batch - len(self._rows)
-                newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                newcomers = list(self._inbox)
+                self._inbox.clear()
+                if self._stopping:
+                    break
             try:
                 with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
                     for fn, done in jobs:
                         self._run_job(fn, done)
-                    self._drop_cancelled()
                     for req in newcomers:
-                        self._admit(req)
-                    if self._rows:
+                        self._add(req)
+                    self._drop_cancelled()
+                    if self.core.has_work:
                         self._step()
-            except Exception as err:  # a bug or an out-of-memory: fail the rows, keep serving
+            except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
                 traceback.print_exc(file=sys.stderr)
-                for row in self._rows:
-                    self._emit(row.req, Finish("error", message=f"{type(err).__name__}: {err}",
-                                               prompt_tokens=len(row.req.prompt), completion_tokens=row.n_new))
-                self._rows, self._cache, self._width, self._dirty = [], None, 0, False
-        for req in leftovers:
+                for live in list(self._live.values()):
+                    self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
+                self.core = InferenceEngine(self.model, **self._options)
+        for live in list(self._live.values()):
+            self._finish(live, Finish("cancelled", message="the server shut down"))
+        for req in newcomers:
             self._emit(req, Finish("cancelled", message="the server shut down", prompt_tokens=len(req.prompt)))
         for fn, done in jobs:
             done(None, EngineStopped("the server is shutting down"))
@@ -286,133 +248,96 @@ class BatchEngine:
             done(result, None)
 
     @staticmethod
-    def _emit(req: EngineRequest, event: Any) -> None:
+    def _emit(req: EngineRequest, event: Any) -> bool:
+        """Hand an event to the request's sink; False if the sink raised (the row then fails alone)."""
         try:
             req.sink(event)
-        except Exception:  # a sink whose client went away must not stop the batch
+        except Exception:
             traceback.print_exc(file=sys.stderr)
+            return False
+        return True
 
-    def _drop_cancelled(self) -> None:
-        kept = [r for r in self._rows if not r.req.cancelled.is_set()]
-        if len(kept) != len(self._rows):
-            for row in self._rows:
-                if row.req.cancelled.is_set():
-                    self._emit(row.req, Finish("cancelled", prompt_tokens=len(row.req.prompt),
-                                               completion_tokens=row.n_new))
-            self._rows, self._dirty = kept, True
+    def _finish(self, live: _Live, event: Finish) -> None:
+        """End a request once: its Finish event (with its counts), its row out of the core."""
+        if live.done:
+            return
+        live.done = True
+        self._live.pop(live.row.id, None)
+        self.core.cancel(live.row)
+        event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
+        event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
+        self._emit(live.req, event)
 
-    def _admit(self, req: EngineRequest) -> None:
-        """Prefill a newcomer alone (``generate``'s first call for one prompt), draw its first token, and put it in
-        the batch unless that token already finished it."""
+    def _add(self, req: EngineRequest) -> None:
+        """A newcomer onto the core; one whose settings or prompt fail here gets its own error event."""
         if req.cancelled.is_set():
             self._emit(req, Finish("cancelled", prompt_tokens=len(req.prompt)))
             return
-        row = _Row(req, self.tokenizer, self.vocab_size, self.device)
-        ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
-        if req.prompt_logprobs:
-            self._emit(req, PromptLogprobs(self._prompt_logprobs(ids, req.logprobs or 0)))
-        own = KVCache(self.model.config, 1, dtype=self.dtype, device=self.device, max_length=len(req.prompt))
-        logits = self.model(ids, cache=own, last_only=True)[:, -1]  # [1, V]
-        row.cached = len(req.prompt)
-        if self._take(row, logits):
+        try:
+            cfg = req.config
+            generator = None
+            if cfg.seed is not None and cfg.temperature > 0:
+                generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
+            row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req)
+            if req.prompt_logprobs:
+                ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
+                if not self._emit(req, PromptLogprobs(self._prompt_logprobs(ids, req.logprobs or 0))):
+                    raise RuntimeError("the request's sink failed")
+            self.core.add(row)
+        except Exception as err:
+            self._emit(req, Finish("error", message=f"{type(err).__name__}: {err}", prompt_tokens=len(req.prompt)))
             return
-        row.own_cache = own  # copied into the batch cache by the next _relayout
-        self._rows.append(row)
-        self._dirty = True
-        self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
+        self._live[row.id] = _Live(req, row, self.tokenizer)
 
     def _prompt_logprobs(self, ids: torch.Tensor, top: int) -> list[TokenInfo]:
         """Each prompt token's log-probability given the tokens before it (the first has none). ids [1, P]."""
-        logprobs = self.model(ids)[0].float().log_softmax(-1)  # [P, V]: position t predicts token t + 1
+        # position t predicts token t + 1, so P tokens need only their first min(P, C) fed: a C + 1-token window
+        # is scored as lm-eval's HF class scores it (the model reads C tokens)
+        logprobs = self.model(ids[:, :self.model.config.context_length])[0].float().log_softmax(-1)  # [P', V]
         prompt = ids[0].tolist()
         out = [TokenInfo(prompt[0], None, [])]
         for t in range(1, len(prompt)):
             out.append(TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]), _top(logprobs[t - 1], top)))
         return out
 
-    def _take(self, row: _Row, logits: torch.Tensor) -> bool:
-        """Draw the row's next token from its logits [1, V], emit it; True when that finished the row."""
-        cfg = row.cfg
-        token = int(next_tokens(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                repetition_penalty=cfg.repetition_penalty, seen=row.seen,
-                                generator=row.generator)[0])
-        row.n_new += 1
-        row.seq.append(token)
-        row.last = token
-        if row.seen is not None:
-            row.seen[0, token] = True
-        info = TokenInfo(token)
-        if row.req.logprobs is not None:
-            logprobs = logits[0].float().log_softmax(-1)  # the model's distribution, before any sampling setting
-            info = TokenInfo(token, float(logprobs[token]), _top(logprobs, row.req.logprobs))
-        counts = dict(prompt_tokens=len(row.req.prompt), completion_tokens=row.n_new)
-        if token == cfg.eos_id:  # counted, but not part of the text or the tokens reported
-            self._emit(row.req, Finish("stop", row.text.rest(), **counts))
-            return True
-        piece, stopped = row.text.add(token)
-        self._emit(row.req, Step(info, piece))
-        if stopped:
-            self._emit(row.req, Finish("stop", "", **counts))
-            return True
-        if row.remaining == 0:
-            self._emit(row.req, Finish("length", row.text.rest(), **counts))
-            return True
-        return False
-
-    def _relayout(self) -> None:
-        """A fresh cache for the current rows, each row's columns right-aligned at the new width.
-
-        The rows already in the batch move together: one copy per layer of the old cache's last columns (a row's
-        own columns are among them, since every row ends at the write column); what else comes along is another
-        row's data or zeros in columns the row's key mask hides, whose softmax weight is exactly 0. Newcomers
-        bring their prefill cache, copied row by row.
-        """
-        old_rows = [r for r in self._rows if r.own_cache is None]
-        new_rows = [r for r in self._rows if r.own_cache is not None]
-        rows = old_rows + new_rows
-        width = max(r.cached for r in rows)
-        capacity = min(self.context, width + max(r.remaining for r in rows))
-        cache = KVCache(self.model.config, len(rows), dtype=self.dtype, device=self.device, max_length=capacity)
-        old, old_width = self._cache, self._width
-        span = min(width, old_width)
-        slots = torch.tensor([r.slot for r in old_rows], dtype=torch.long, device=self.device)
-        for layer in range(len(cache.keys)):
-            if old_rows:
-                k = len(old_rows)
-                cache.keys[layer][:k, :, width - span:width] = old.keys[layer][slots, :, old_width - span:old_width]
-                cache.values[layer][:k, :, width - span:width] = (
-                    old.values[layer][slots, :, old_width - span:old_width])
-            for i, row in enumerate(new_rows, start=len(old_rows)):
-                n = row.cached  # the prefill cache holds columns 0..n-1
-                cache.keys[layer][i, :, width - n:width] = row.own_cache.keys[layer][0, :, :n]
-                cache.values[layer][i, :, width - n:width] = row.own_cache.values[layer][0, :, :n]
-        for i, row in enumerate(rows):
-            row.slot = i
-            row.own_cache = None
-        self._rows, self._cache, self._width, self._dirty = rows, cache, width, False
+    def _drop_cancelled(self) -> None:
+        for live in list(self._live.values()):
+            if live.req.cancelled.is_set():
+                self._finish(live, Finish("cancelled"))
 
     def _step(self) -> None:
-        """One decode step for every row: feed each row's last token at column ``width``."""
-        if self._dirty:
-            self._relayout()
-        # No other re-packing is ever needed: after a layout the longest row starts at column 0, so the write
-        # column is that row's own length, which stays < C while it still has a token to feed; when it leaves,
-        # the rows change and are laid out again. The capacity covers every row's remaining steps (at most C).
-        rows, width = self._rows, self._width
-        tokens = torch.tensor([[r.last] for r in rows], device=self.device)  # [B, 1]
-        positions = key_mask = None
-        if any(r.cached != width for r in rows):  # some row does not start at column 0: positions and a mask
-            cached = torch.tensor([r.cached for r in rows], device=self.device)[:, None]  # [B, 1]
-            positions = cached  # each row's next position is its own length
-            key_mask = torch.arange(width + 1, device=self.device) >= (width - cached)  # [B, width + 1]
-        logits = self.model(tokens, cache=self._cache, start_pos=width, positions=positions, key_mask=key_mask,
-                            last_only=True)[:, -1]  # [B, V]
-        self._width = width + 1
-        self.steps += 1
-        kept = []
-        for i, row in enumerate(rows):
-            row.cached += 1
-            if not self._take(row, logits[i:i + 1]):
-                kept.append(row)
-        if len(kept) != len(rows):
-            self._rows, self._dirty = kept, True
+        """One core step; each row's new tokens become its events, each row on its own."""
+        for out in self.core.step():
+            live = self._live.get(out.row.id)
+            if live is None:
+                continue
+            try:
+                self._deliver(live, out.tokens, out.logits)
+            except Exception as err:
+                traceback.print_exc(file=sys.stderr)
+                self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
+
+    def _deliver(self, live: _Live, tokens: list[int], logits: torch.Tensor | None) -> None:
+        row, req = live.row, live.req
+        for i, token in enumerate(tokens):
+            live.count += 1
+            if token == row.config.eos_id:  # counted, but not part of the text or the tokens reported
+                self._finish(live, Finish("stop", live.text.finish()))
+                return
+            info = TokenInfo(token)
+            if req.logprobs is not None and logits is not None:
+                logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
+                info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
+            piece, stopped = live.text.add(token)
+            if not self._emit(req, Step(info, piece)):
+                self._finish(live, Finish("error", message="the request's sink failed"))
+                return
+            if stopped:
+                self._finish(live, Finish("stop", ""))
+                return
+        if row.finish_reason == "error":
+            self._finish(live, Finish("error", message=row.error))
+        elif row.finish_reason == "stop":
+            self._finish(live, Finish("stop", live.text.finish()))
+        elif row.finish_reason == "length":
+            self._finish(live, Finish("length", live.text.finish()))

@@ -78,6 +78,19 @@ class ServeOptions:
                                            "every stream ends with an error event and [DONE]; a second signal "
                                            "exits at once")
     log_level: str = option("info", "uvicorn's log level", choices=LOG_LEVELS)
+    # The engine (``inference``): how a step is spent and what the cache keeps.
+    token_budget: int | None = option(None, "tokens per forward: every running row's decode first, then chunks of "
+                                            "waiting prompts", metavar="N",
+                                      default_help="256, or --max-batch if larger")
+    cache_tokens: int | None = option(None, "positions the KV cache holds, allocated once", metavar="N",
+                                      default_help="--max-batch x the context")
+    prefix_cache: bool = option(True, "reuse the cached keys/values of a prompt's prefix (a shared system prompt, "
+                                      "the previous turns of a chat)")
+    speculative: str = option("off", "lookup: prompt-lookup speculative decoding (drafts copied from the row's own "
+                                     "text, verified in one forward; the same tokens for greedy rows, the same "
+                                     "distribution for sampled ones)", choices=("off", "lookup"))
+    speculative_tokens: int = option(4, "draft tokens verified per forward at most, with --speculative lookup",
+                                     metavar="K")
 
     def __post_init__(self) -> None:
         checks.int_in_range("port", self.port, 0, 65535)
@@ -95,6 +108,11 @@ class ServeOptions:
             self.max_connections = default_max_connections()
         checks.non_negative_number("shutdown_timeout", self.shutdown_timeout)
         checks.choice("log_level", self.log_level, LOG_LEVELS)
+        checks.int_in_range("token_budget", self.token_budget, self.max_batch, None, optional=True,
+                            note="(--max-batch: every running row decodes at every step)")
+        checks.positive_int("cache_tokens", self.cache_tokens, optional=True)
+        checks.choice("speculative", self.speculative, ("off", "lookup"))
+        checks.positive_int("speculative_tokens", self.speculative_tokens)
         for origin in self.cors_origin or []:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise checks.OptionError("cors_origin", origin, "must be * or an origin like http://host:port")

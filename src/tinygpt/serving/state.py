@@ -123,7 +123,9 @@ class ServerState:
     def start(self) -> None:
         o = self.options
         self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
-                                  dtype=self.dtype)
+                                  dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
+                                  prefix_reuse=o.prefix_cache,
+                                  speculative_tokens=o.speculative_tokens if o.speculative == "lookup" else 0)
 
     def stop(self) -> None:
         engine, self.engine = self.engine, None

@@ -1,0 +1,289 @@
+"""The loop that ties the core together: add rows, ``step`` until they are done.
+
+Each ``step`` applies the context policy to rows that outgrew the context, proposes drafts for greedy rows when
+speculative decoding is on, asks the scheduler for a plan, runs one forward, and then advances each row on its own:
+a row whose sampling, draft check or scoring raises finishes alone with reason "error" (``Row.error`` says why);
+every other row goes on. If the batched forward itself raises, each planned row is run alone once, so only the rows
+that fail alone fail. Finished, failed and cancelled rows give their blocks back before the next step.
+
+``tinygpt.generate`` (a batch of prompts), ``serving.engine.BatchEngine`` (a thread and request adapter) and the
+lm-eval class's scoring all drive this one class; none lays out a cache of its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..kv_cache import PagedKVCache
+from .blocks import RESERVED, BlockManager
+from .row import Row, Score
+from .runner import ModelRunner, draw, draw_together, verify
+from .speculative import DraftController
+from .scheduler import Scheduler
+
+DEFAULT_BLOCK_SIZE = 16
+Proposer = Callable[[Sequence[int], int], list[int]]
+
+
+@dataclass
+class RowOutput:
+    """What one step gave a row: its new tokens (0 while its prompt is still being prefilled), their raw logits
+    [len(tokens), V] when the row asked for them, and whether the row is now finished."""
+
+    row: Row
+    tokens: list[int] = field(default_factory=list)
+    logits: torch.Tensor | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.row.finished
+
+
+class InferenceEngine:
+    """One model, one paged cache allocated once, one scheduler.
+
+    ``max_rows``: rows in the running batch. ``token_budget``: tokens per forward (None: no limit, every prompt is
+    prefilled in one piece); ``chunk_per_decode``: while rows decode, prompt tokens per step at most this many per
+    decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
+    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): rows
+    feed up to k draft tokens with their last token and keep what the model's verification accepts (a per-row
+    ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
+    """
+
+    def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
+                 cache_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, prefix_reuse: bool = True,
+                 speculative_tokens: int = 0, proposer: Proposer | None = None,
+                 chunk_per_decode: int | None = None) -> None:
+        for name, value in (("max_rows", max_rows), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, int)
+                                         or token_budget < max_rows):
+            raise ValueError(f"token_budget={token_budget!r} must be an integer >= max_rows={max_rows} (every "
+                             f"running row decodes at every step)")
+        self.model = model
+        self.config = model.config
+        self.context = model.config.context_length
+        cache_tokens = max_rows * self.context if cache_tokens is None else cache_tokens
+        if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
+            raise ValueError(f"cache_tokens={cache_tokens!r} must be an integer >= 1")
+        num_blocks = -(-cache_tokens // block_size) + RESERVED  # + the zero block and the scratch block
+        param = next(model.parameters())
+        self.device = param.device
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, dtype=param.dtype, device=param.device)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.blocks, max_rows=max_rows, token_budget=token_budget,
+                                   chunk_per_decode=chunk_per_decode)
+        self.runner = ModelRunner(model, self.cache)
+        self.prefix_reuse = prefix_reuse
+        if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens={speculative_tokens!r} must be an integer >= 0")
+        self.speculative_tokens = speculative_tokens
+        if proposer is None and speculative_tokens:
+            from .speculative import propose_lookup as proposer  # prompt lookup: n-grams of the row's own tokens
+        self.proposer = proposer
+        self.steps = 0
+        self.max_rows_seen = 0
+
+    # ------------------------------------------------------------------------------------------ rows
+    def add(self, row: Row) -> Row:
+        """Queue a row (checked here: its ids, its fit in the cache and the context); ``ValueError`` if bad."""
+        v, c = self.config.vocab_size, self.context
+        if row.config is None:
+            if not 1 <= row.scored <= len(row.tokens) - 1 or len(row.tokens) - 1 > c:
+                raise ValueError(f"a scoring row of {len(row.tokens)} tokens with {row.scored} scored must satisfy "
+                                 f"1 <= scored <= tokens - 1 and tokens - 1 <= context_length={c}")
+            need = len(row.tokens) - 1
+        else:
+            if not row.tokens:
+                raise ValueError("a row needs at least one prompt token")
+            if row.config.overflow == "error" and len(row.tokens) + row.config.max_new_tokens - 1 > c:
+                raise ValueError(f"a prompt of {len(row.tokens)} tokens + max_new_tokens="
+                                 f"{row.config.max_new_tokens} does not fit context_length={c}")
+            need = min(c, len(row.tokens) + row.config.max_new_tokens) + self._draft_size(row)
+            if row.config.repetition_penalty != 1.0 and row.seen is None:
+                row.seen = torch.zeros(1, v, dtype=torch.bool, device=self.device)
+                row.seen[0, row.tokens] = True
+            row.reuse = row.reuse and self.prefix_reuse and row.config.use_cache
+        bad = next((t for t in row.tokens if not (isinstance(t, int) and 0 <= t < v)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
+        if self.blocks.blocks_for(need) > self.blocks.capacity_blocks:
+            raise ValueError(f"a row of up to {need} positions does not fit a cache of "
+                             f"{self.blocks.capacity_blocks * self.blocks.block_size}")
+        if row.config is not None and row.config.max_new_tokens == 0:
+            row.finish_reason = "length"  # nothing to do
+            return row
+        self._apply_window(row)
+        self.scheduler.add(row)
+        return row
+
+    def cancel(self, row: Row) -> None:
+        """Drop a row now (its blocks are free at once)."""
+        if not row.finished:
+            row.finish_reason = "cancelled"
+        self.scheduler.remove(row)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.scheduler.running + list(self.scheduler.waiting)
+
+    def _draft_size(self, row: Row) -> int:
+        if not self.speculative_tokens or row.config is None or not row.config.use_cache:
+            return 0
+        return self.speculative_tokens
+
+    def _apply_window(self, row: Row) -> bool:
+        """Move a generation row's window when it outgrew the context (``GenerationConfig.overflow``)."""
+        if row.config is None or row.window_length <= self.context:
+            return False
+        keep = self.context if row.config.overflow == "slide" else (row.config.shift_keep or self.context // 2)
+        row.window_start = len(row.tokens) - keep
+        self.scheduler.requeue(row)
+        return True
+
+    # ------------------------------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def step(self) -> list[RowOutput]:
+        """Run one scheduled forward; what it gave each row that took part (plus rows that failed alone)."""
+        for row in list(self.scheduler.waiting):
+            self._apply_window(row)
+        for row in list(self.scheduler.running):
+            self._apply_window(row)
+            row.draft = []
+            if self._draft_size(row) and row.pending == 1 and row.n_new:  # drafts follow a drawn token
+                if row.drafter is None:
+                    k = self.speculative_tokens
+                    row.drafter = DraftController(k_start=min(4, k), k_max=k)
+                k = min(row.drafter.k(), row.config.max_new_tokens - row.n_new - 1,
+                        self.context - row.window_length)
+                if k > 0:
+                    try:
+                        row.draft = [int(t) for t in self.proposer(row.window, k)][:k]
+                    except Exception:  # a draft is only a guess: without one the row decodes as usual
+                        traceback.print_exc(file=sys.stderr)
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        self.steps += 1
+        self.max_rows_seen = max(self.max_rows_seen, len(self.scheduler.running))
+        outputs: list[RowOutput] = []
+        try:
+            results = self.runner.forward(plan)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            results = []
+            for row, n in plan:  # alone, so that only the rows that fail alone fail
+                try:
+                    results.extend(self.runner.forward([(row, n)]))
+                except Exception as err:
+                    results.append(None)
+                    outputs.append(self._fail(row, err))
+        shared = [(row, n, lg) for (row, n), lg in zip(plan, results)
+                  if lg is not None and not row.draft and row.config is not None and row.config.temperature > 0
+                  and row.computed + n == row.window_length and _shares_generator(row, plan)]
+        together = self._draw_shared(shared)
+        for (row, n), lg in zip(plan, results):
+            if lg is None:
+                continue
+            try:
+                outputs.append(self._advance(row, n, lg, together.get(row.id)))
+            except Exception as err:
+                outputs.append(self._fail(row, err))
+        for out in outputs:
+            row = out.row
+            if row.finish_reason != "error":  # its computed full blocks serve later rows (the next turn of a chat)
+                self.blocks.register(row.table, row.window, row.computed, row.hashes)
+            if row.finished:
+                self.scheduler.remove(row)
+            elif row.config is not None and not row.config.use_cache and row.pending == 1:
+                self.scheduler.requeue(row)  # no cache: the whole window again at the next step
+        return outputs
+
+    def _draw_shared(self, shared: list[tuple[Row, int, torch.Tensor]]) -> dict[int, int]:
+        if not shared:
+            return {}
+        try:
+            tokens = draw_together([r for r, _, _ in shared], [lg[-1] for _, _, lg in shared])
+        except Exception:
+            return {}  # each row then draws alone, and fails alone if it must
+        return {r.id: t for (r, _, _), t in zip(shared, tokens)}
+
+    def _fail(self, row: Row, err: BaseException) -> RowOutput:
+        row.finish_reason, row.error = "error", f"{type(err).__name__}: {err}"
+        return RowOutput(row)
+
+    def _advance(self, row: Row, n: int, logits: torch.Tensor, drawn: int | None) -> RowOutput:
+        """Account for the row's n fed tokens and take what its logits give (tokens, or its score)."""
+        if row.config is None:
+            return self._advance_score(row, n, logits)
+        if row.draft:
+            tokens = verify(row, logits)
+            row.drafted += len(row.draft)
+            row.accepted += len(tokens) - 1
+            row.drafter.update(len(row.draft), len(tokens) - 1)
+            row.computed += len(tokens)  # the fed last token and the accepted drafts; the final token is new
+            kept = logits[:len(tokens)]
+        else:
+            row.computed += n
+            if row.pending > 0:  # a chunk of the prompt: nothing to draw yet
+                return RowOutput(row)
+            tokens = [drawn if drawn is not None else draw(row, logits[-1])]
+            kept = logits[-1:]
+        row.draft = []
+        taken: list[int] = []
+        for token in tokens:
+            row.tokens.append(token)
+            row.n_new += 1
+            taken.append(token)
+            if row.seen is not None:
+                row.seen[0, token] = True
+            reason = _finish_reason(row, token)
+            if reason is not None:
+                row.finish_reason = reason
+                break
+        return RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None)
+
+    def _advance_score(self, row: Row, n: int, logits: torch.Tensor) -> RowOutput:
+        if logits.shape[0]:
+            first = row.computed + n - logits.shape[0]  # window position of the first scored logits
+            targets = torch.tensor(row.tokens[first + 1:row.computed + n + 1], device=logits.device)
+            logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [m, V]
+            total = float(logp.gather(1, targets[:, None]).sum())
+            greedy = bool((logp.argmax(dim=-1) == targets).all())
+            prev = row.score or Score(0.0, True)
+            row.score = Score(prev.logprob + total, prev.greedy and greedy)
+        row.computed += n
+        if row.pending == 0:
+            row.finish_reason = "length"
+        return RowOutput(row)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def run_until_done(self) -> None:
+        while self.has_work:
+            self.step()
+
+
+def _shares_generator(row: Row, plan: Sequence[tuple[Row, int]]) -> bool:
+    return row.generator is not None and sum(1 for r, _ in plan if r.generator is row.generator) > 1
+
+
+def _finish_reason(row: Row, token: int) -> str | None:
+    cfg = row.config
+    if token == cfg.eos_id:
+        return "eos"
+    if any(row.n_new >= len(s) and tuple(row.tokens[-len(s):]) == s for s in cfg.stop):
+        return "stop"
+    if row.n_new >= cfg.max_new_tokens:
+        return "length"
+    return None

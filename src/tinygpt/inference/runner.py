@@ -1,0 +1,95 @@
+"""Runs the model on a scheduled batch, then each row's own sampling.
+
+``ModelRunner.forward`` packs the plan's tokens into one sequence, builds its ``Batch`` and runs one forward; it
+returns each row's logits (only the positions the row needs: its last one, a draft's k + 1, a scoring row's scored
+ones). ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's
+tokens never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..kv_cache import PagedKVCache
+from ..sampling import next_tokens
+from .batch import RowSlice, build_batch, pack_order
+from .blocks import SCRATCH_BLOCK
+from .row import Row
+from .speculative import accept_greedy, accept_sampled, target_probs
+
+
+def feed_of(row: Row, n: int) -> list[int]:
+    """The n tokens the row feeds this step: its next window tokens, or its last token and its draft."""
+    if row.draft:
+        return [row.window[-1]] + row.draft
+    return row.window[row.computed:row.computed + n]
+
+
+def logit_offsets(row: Row, n: int) -> list[int]:
+    """Which of the row's n fed tokens need logits."""
+    if row.config is None:  # scoring: every scored position in this chunk
+        return [j for j in range(n) if row.computed + j >= row.first_logit]
+    if row.draft:
+        return list(range(n))
+    return [n - 1] if row.computed + n == row.window_length else []
+
+
+class ModelRunner:
+    """The model and its paged cache; one ``forward`` per engine step."""
+
+    def __init__(self, model: nn.Module, cache: PagedKVCache) -> None:
+        self.model, self.cache = model, cache
+        self.device = next(model.parameters()).device
+
+    def forward(self, plan: Sequence[tuple[Row, int]]) -> list[torch.Tensor]:
+        """One forward over the plan's rows; each row's logits [m, V] (m may be 0), in plan order."""
+        slices = [RowSlice(row.computed, n, row.table, logit_offsets(row, n)) for row, n in plan]
+        order = pack_order(slices)
+        ids = [t for i in order for t in feed_of(*plan[i])]
+        batch = build_batch(slices, self.cache.block_size, self.device,
+                            scratch_slot=SCRATCH_BLOCK * self.cache.block_size)
+        ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
+        idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
+        logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
+        out: list[torch.Tensor] = [logits[:0]] * len(plan)
+        start = 0
+        for i in order:
+            m = len(slices[i].logits)
+            out[i] = logits[start:start + m]
+            start += m
+        return out
+
+
+def draw(row: Row, logits: torch.Tensor) -> int:
+    """The row's next token from its logits [V] (its settings, its own generator and seen-set)."""
+    cfg = row.config
+    token = next_tokens(logits[None], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                        repetition_penalty=cfg.repetition_penalty, seen=row.seen, generator=row.generator)
+    return int(token[0])
+
+
+def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[int]:
+    """Rows with the same settings sharing one generator (``generate`` given a ``generator``): one draw over their
+    stacked logits [R, V], as a batch is sampled when every row is stepped together."""
+    cfg = rows[0].config
+    seen = None if rows[0].seen is None else torch.cat([r.seen for r in rows])
+    tokens = next_tokens(torch.stack(list(logits)), temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                         repetition_penalty=cfg.repetition_penalty, seen=seen, generator=rows[0].generator)
+    return tokens.tolist()
+
+
+def verify(row: Row, logits: torch.Tensor) -> list[int]:
+    """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
+    drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
+    rule with the row's own generator (exactly the target's distribution). ``inference.speculative``."""
+    cfg = row.config
+    if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
+        return accept_greedy(row.draft, logits)
+    probs = target_probs(logits.float(), row.tokens, row.draft, temperature=cfg.temperature, top_k=cfg.top_k,
+                         top_p=cfg.top_p, repetition_penalty=cfg.repetition_penalty)  # [k + 1, V]
+    if cfg.temperature == 0:
+        return accept_greedy(row.draft, probs)
+    return accept_sampled(row.draft, None, probs, row.generator)

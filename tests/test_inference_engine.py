@@ -1,0 +1,186 @@
+"""The inference core's proofs: random schedules (joins, cancels, chunk sizes, prefix hits, preemptions) on tiny
+models of each variant give every greedy row exactly what ``generate`` gives its prompt alone, and every seeded
+sampled row what it gives alone with that seed; prefix hits equal a cold prefill; the cache's accounting is all
+free after every drain; a row that fails finishes alone; speculative greedy equals greedy."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inference_support import VARIANTS, variant_model
+from tinygpt import GenerationConfig, generate
+from tinygpt.inference.engine import InferenceEngine
+from tinygpt.inference.row import Row
+
+SAMPLED = dict(temperature=0.9, top_k=20, top_p=0.95)
+
+
+def _alone(model, row: Row) -> list[int]:
+    cfg = row.config
+    return generate(model, [row.tokens[:row.prompt_len]], cfg, seed=cfg.seed).rows()[0]
+
+
+def _schedule(model, rng: random.Random) -> tuple[InferenceEngine, list[Row]]:
+    """One random schedule, run to the end: rows join at random steps (some sharing a prefix, some continuing an
+    earlier row's conversation), a few are cancelled, under a random budget, block size and a small cache."""
+    vocab, context = model.config.vocab_size, model.config.context_length
+    max_rows = rng.choice([2, 3, 4])
+    engine = InferenceEngine(model, max_rows=max_rows, token_budget=rng.choice([None, max_rows, max_rows + 3, 16]),
+                             cache_tokens=rng.choice([48, 64, 128]), block_size=rng.choice([4, 8]),
+                             chunk_per_decode=rng.choice([None, 3]))
+    prefixes = [[rng.randrange(vocab) for _ in range(rng.randint(8, 20))] for _ in range(2)]
+    rows: list[Row] = []
+    for step in range(3000):
+        if len(rows) < 10 and rng.random() < 0.4:
+            done = [r for r in rows if r.finish_reason in ("length", "eos")]
+            if done and rng.random() < 0.3:  # the next turn of an earlier conversation
+                prompt = done[-1].tokens + [rng.randrange(vocab) for _ in range(rng.randint(1, 4))]
+            else:
+                prompt = rng.choice(prefixes + [[]]) + [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+            prompt = prompt[-(context - 4):]
+            sampled = rng.random() < 0.3
+            cfg = GenerationConfig(max_new_tokens=rng.randint(1, min(16, context - len(prompt) + 1)),
+                                   overflow="error", eos_id=rng.choice([None, 3]),
+                                   **(dict(SAMPLED, seed=rng.randrange(1000)) if sampled else {}))
+            generator = torch.Generator().manual_seed(cfg.seed) if sampled else None
+            rows.append(engine.add(Row(prompt, cfg, generator=generator)))
+        live = [r for r in rows if not r.finished]
+        if live and rng.random() < 0.04:
+            engine.cancel(rng.choice(live))
+        engine.step()
+        if len(rows) == 10 and not engine.has_work:
+            break
+    assert not engine.has_work, "the schedule did not drain"
+    return engine, rows
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_random_schedules_give_every_row_what_it_gives_alone(variant):
+    model = variant_model(variant)
+    preemptions = hits = chunked = 0
+    for seed in range(4):
+        engine, rows = _schedule(model, random.Random(seed))
+        assert engine.blocks.all_free()  # every block back, no reference left
+        for row in rows:
+            assert row.finish_reason in ("length", "eos", "cancelled")
+            if row.finish_reason != "cancelled":
+                assert row.tokens[row.prompt_len:] == _alone(model, row)
+        preemptions += engine.scheduler.preemptions
+        hits += engine.blocks.hits
+        chunked += engine.scheduler.token_budget is not None
+    assert preemptions > 0 and hits > 0 and chunked > 0  # the schedules really exercised all three
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_prefix_hit_gives_the_logits_of_a_cold_prefill(variant):
+    model = variant_model(variant, dtype=torch.float32)
+    engine = InferenceEngine(model, max_rows=2, block_size=4, cache_tokens=96)
+    rng = random.Random(1)
+    prefix = [rng.randrange(53) for _ in range(13)]
+    engine.add(Row(prefix + [1, 2], GenerationConfig(max_new_tokens=2)))
+    engine.run_until_done()
+    second = engine.add(Row(prefix + [4, 5, 6], GenerationConfig(max_new_tokens=1), want_logits=True))
+    outputs = engine.step()
+    assert engine.blocks.hits == 12  # the prefix's 3 full blocks were taken, not computed
+    (out,) = [o for o in outputs if o.row is second]
+    with torch.inference_mode():
+        cold = model(torch.tensor([prefix + [4, 5, 6]]))[0, -1]  # [V]
+    torch.testing.assert_close(out.logits[0], cold, atol=1e-5, rtol=0)
+    assert engine.blocks.all_free()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_scoring_rows_share_a_context_and_score_what_a_full_forward_scores(variant):
+    model = variant_model(variant)
+    engine = InferenceEngine(model, max_rows=4, block_size=4, cache_tokens=160)
+    context = list(range(5, 25))
+    choices = [[30, 31], [32], [33, 34, 35]]
+    first = engine.add(Row(context + choices[0], None, scored=2))
+    engine.run_until_done()
+    rest = [engine.add(Row(context + c, None, scored=len(c))) for c in choices[1:]]
+    engine.run_until_done()
+    assert engine.blocks.hits >= 2 * 16
+    with torch.inference_mode():
+        for row, c in zip([first] + rest, choices):
+            tokens = torch.tensor([context + c])
+            logp = model(tokens[:, :-1])[0].log_softmax(-1)  # [T - 1, V]
+            n = len(c)
+            want = sum(float(logp[-n + i, c[i]]) for i in range(n))
+            assert row.score.logprob == pytest.approx(want, abs=1e-9)
+            assert row.score.greedy == all(int(logp[-n + i].argmax()) == c[i] for i in range(n))
+    assert engine.blocks.all_free()
+
+
+def test_a_row_whose_sampling_raises_finishes_alone_and_the_others_carry_on():
+    model = variant_model("gpt2", dtype=torch.float32)
+    engine = InferenceEngine(model, max_rows=4, token_budget=6)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    rows = [engine.add(Row(p, GenerationConfig(max_new_tokens=12))) for p in prompts]
+    for _ in range(3):
+        engine.step()
+    # temperature 1e-40 passes validation but turns the logits into inf: its draw raises, on a running batch
+    bad = engine.add(Row([20, 21, 22], GenerationConfig(max_new_tokens=5, temperature=1e-40)))
+    engine.run_until_done()
+    assert bad.finish_reason == "error" and "probability" in bad.error
+    for row in rows:
+        assert row.finish_reason == "length" and row.tokens[row.prompt_len:] == _alone(model, row)
+    assert engine.blocks.all_free()
+
+
+def test_a_batched_forward_that_raises_is_retried_row_by_row_and_only_the_bad_row_fails(monkeypatch):
+    model = variant_model("llama")
+    forward = model.forward
+
+    def fragile(idx, **kwargs):  # fails on any batch that holds a 17-token span: one row's prompt
+        if any(span.length == 17 for span in kwargs["batch"].spans):
+            raise RuntimeError("out of memory (simulated)")
+        return forward(idx, **kwargs)
+
+    monkeypatch.setattr(model, "forward", fragile)
+    engine = InferenceEngine(model, max_rows=4)
+    rows = [engine.add(Row(list(range(1, n + 1)), GenerationConfig(max_new_tokens=6))) for n in (5, 17, 9)]
+    engine.run_until_done()
+    monkeypatch.setattr(model, "forward", forward)
+    assert rows[1].finish_reason == "error" and "simulated" in rows[1].error
+    for row in (rows[0], rows[2]):
+        assert row.tokens[row.prompt_len:] == _alone(model, row)
+    assert engine.blocks.all_free()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_speculative_greedy_equals_greedy_whatever_the_drafts(variant):
+    model = variant_model(variant)
+    prompts = [[1, 2, 3, 4, 5, 6] * 3, [7, 8, 9] * 4 + [10], [11, 12, 13, 14]]
+    plain = generate(model, prompts, max_new_tokens=18).rows()
+    full = {tuple(p): p + out for p, out in zip(prompts, plain)}
+
+    def oracle(tokens, k):  # the right continuation, its last token wrong every third call: partial acceptance
+        row = next(seq for prompt, seq in full.items() if list(prompt) == tokens[:len(prompt)])
+        draft = row[len(tokens):len(tokens) + k]
+        oracle.calls += 1
+        if draft and oracle.calls % 3 == 0:
+            draft[-1] = (draft[-1] + 1) % 53
+        return draft
+
+    oracle.calls = 0
+    engine = InferenceEngine(model, max_rows=3, speculative_tokens=4, proposer=oracle, token_budget=7)
+    rows = [engine.add(Row(p, GenerationConfig(max_new_tokens=18))) for p in prompts]
+    engine.run_until_done()
+    assert [r.tokens[r.prompt_len:] for r in rows] == plain
+    assert all(0 < r.accepted < r.drafted for r in rows)  # accepted drafts and rolled-back rejections
+    assert engine.steps < 18  # fewer forwards than one per token
+    assert engine.blocks.all_free()
+    assert generate(model, prompts, max_new_tokens=18, speculative_tokens=3).rows() == plain  # prompt lookup
+
+
+def test_speculative_sampled_rows_repeat_with_their_seed_whatever_their_neighbours():
+    model = variant_model("gqa")
+    prompt = [1, 2, 3, 4] * 4
+    cfg = GenerationConfig(max_new_tokens=14, seed=5, **SAMPLED)
+    alone = generate(model, [prompt], cfg, speculative_tokens=3).rows()[0]
+    mixed = generate(model, [prompt, [9, 9, 8], [1, 2, 3, 4, 5]], cfg, speculative_tokens=3,
+                     token_budget=5).rows()[0]
+    assert mixed == alone and len(alone) == 14
