@@ -7,9 +7,9 @@ names a checkpoint (e.g. a real GPT-2 converted with ``tinygpt convert --from-hf
 model and a BPE trained on the data, for the smoke test. Batches are real Alpaca entries from
 ``instruction-data*.json`` (what a user's run would see), ``--batch`` rows per step.
 
-Every stage runs the library's own ``train_step`` (forward, loss, backward, clip, AdamW). To keep one copy of
-the weights in memory, the four stages share one policy (which is also the reward model's trunk) and one AdamW
-over it and the two heads; timings do not depend on the weight values, except PPO's response length: a random
+Every stage runs what the library's one loop does in a step (the stage's ``batches`` and ``loss``, backward,
+``optimizer_step``: clip, AdamW). To keep one copy of the weights in memory, the four stages share one policy
+(which is also the reward model's trunk) and one AdamW over it and the two heads; timings do not depend on the weight values, except PPO's response length: a random
 model never samples end-of-text, so its responses are always ``max_new_tokens`` long (the worst case). The stages
 are timed interleaved (SFT, reward, DPO, PPO, rollout, SFT, ...) after a warm-up step each; the headline is each
 stage's cost as a multiple of an SFT step, which survives a noisy machine better than the seconds do.
@@ -33,7 +33,7 @@ from tinygpt.alignment.ppo import PPOConfig
 from tinygpt.alignment.ppo_trainer import PPOStage, reward_model_fn
 from tinygpt.alignment.reward import RewardModel, RewardStage
 from tinygpt.alignment.sft import SFTStage
-from tinygpt.training.optim import build_optimizer
+from tinygpt.training.optim import build_optimizer, optimizer_step
 
 from .common import format_table, pin_threads, shared_data_dir, spread, time_interleaved, write_json_atomic
 from .models import gpt2_small
@@ -93,8 +93,15 @@ def run(quick: bool, *, model_dir: str | None = None, batch: int | None = None, 
     counters = {name: 0 for name in stages}
 
     def step_fn(name: str) -> Callable[[], None]:
-        def step() -> None:
-            stages[name].train_step(counters[name], optimizer, 1.0)
+        def step() -> None:  # what the loop's train_step does with a stage (one process, no autocast)
+            stage = stages[name]
+            for update in stage.batches(counters[name]):
+                total = 0.0
+                for batch in update:
+                    loss, _ = stage.loss(batch)
+                    (loss / len(update)).backward()
+                    total += float(loss.detach())
+                optimizer_step(optimizer, total / len(update), 1.0, counters[name])
             counters[name] += 1
         return step
 

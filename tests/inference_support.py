@@ -14,3 +14,11 @@ VARIANTS = {"gpt2": BASE, "llama": LLAMA, "gqa": LLAMA.replace(n_kv_heads=2)}
 def variant_model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> GPTModel:
     torch.manual_seed(seed)
     return GPTModel(VARIANTS[name]).to(dtype).eval()
+
+
+def unchecked(config, **fields):
+    """``config`` with ``fields`` set past its validation: values the HTTP edge and ``GenerationConfig`` refuse, to
+    show that the engine survives them anyway (isolation)."""
+    for name, value in fields.items():
+        object.__setattr__(config, name, value)
+    return config

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from inference_support import VARIANTS, variant_model
+from inference_support import VARIANTS, unchecked, variant_model
 from tinygpt import GenerationConfig, generate
 from tinygpt.inference.engine import InferenceEngine
 from tinygpt.inference.row import Row
@@ -121,8 +121,10 @@ def test_a_row_whose_sampling_raises_finishes_alone_and_the_others_carry_on():
     rows = [engine.add(Row(p, GenerationConfig(max_new_tokens=12))) for p in prompts]
     for _ in range(3):
         engine.step()
-    # temperature 1e-40 passes validation but turns the logits into inf: its draw raises, on a running batch
-    bad = engine.add(Row([20, 21, 22], GenerationConfig(max_new_tokens=5, temperature=1e-40)))
+    # temperature 1e-40 (refused by GenerationConfig, set past it) turns the logits into inf: its draw raises, on a
+    # running batch
+    bad = engine.add(Row([20, 21, 22], unchecked(GenerationConfig(max_new_tokens=5, temperature=1.0),
+                                                 temperature=1e-40)))
     engine.run_until_done()
     assert bad.finish_reason == "error" and "probability" in bad.error
     for row in rows:

@@ -7,14 +7,17 @@ import random
 import pytest
 import torch
 
+from inference_support import unchecked
 from serving_support import Collector, offline, tiny_model, tokenizer, wait_until
 from tinygpt import GenerationConfig
 from tinygpt.serving.engine import BatchEngine, EngineRequest, Finish, PromptLogprobs, QueueFull, Step
 
 
-def _request(ids, max_tokens, sink, stop=(), logprobs=None, prompt_logprobs=False, **settings):
+def _request(ids, max_tokens, sink, stop=(), logprobs=None, prompt_logprobs=False, unchecked_settings=None,
+             **settings):
     settings.setdefault("eos_id", tokenizer().eot_id)
-    config = GenerationConfig(max_new_tokens=max_tokens, overflow="error", **settings)
+    config = unchecked(GenerationConfig(max_new_tokens=max_tokens, overflow="error", **settings),
+                       **(unchecked_settings or {}))
     return EngineRequest(list(ids), config, sink, tuple(stop), logprobs, prompt_logprobs)
 
 
@@ -219,11 +222,14 @@ def test_rows_that_fail_finish_alone_and_every_request_gets_an_answer(engine_fac
     good = [Collector() for _ in prompts]
     engine.submit([_request(p, 12, s) for p, s in zip(prompts[:2], good[:2])])
     wait_until(lambda: len(good[0].events) >= 2, message="the batch running")
-    # values that pass validation but fail on the engine: a seed torch refuses, a temperature that makes the
-    # probabilities inf, and a sink that raises; they join a running batch beside well-behaved rows
+    # values that fail on the engine (refused at the edge and by GenerationConfig; set past that): a seed torch
+    # refuses, a temperature that makes the probabilities inf, and a sink that raises; they join a running batch
+    # beside well-behaved rows
     bad_seed, bad_temperature, bad_sink = Collector(), Collector(), _FailingSink()
-    engine.submit([_request(prompts[2], 12, good[2]), _request([5, 6, 7], 8, bad_seed, temperature=0.8, seed=2 ** 70),
-                   _request([8, 9], 8, bad_temperature, temperature=1e-40), _request(prompts[3], 12, bad_sink),
+    engine.submit([_request(prompts[2], 12, good[2]),
+                   _request([5, 6, 7], 8, bad_seed, temperature=0.8, unchecked_settings=dict(seed=2 ** 70)),
+                   _request([8, 9], 8, bad_temperature, temperature=1.0, unchecked_settings=dict(temperature=1e-40)),
+                   _request(prompts[3], 12, bad_sink),
                    _request(prompts[4], 12, good[4])])
     for s in good[:3] + good[4:] + [bad_seed, bad_temperature]:
         s.wait()
