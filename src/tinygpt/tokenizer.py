@@ -204,7 +204,7 @@ def _gpt2_file_names(directory: Path) -> tuple[str, str]:
 
 
 def _encoding_from_dir(directory: Path) -> Any:
-    """Recipe A of shared/data/README.md: build the tiktoken encoding straight from the two local files."""
+    """tiktoken's GPT-2 encoding built offline, straight from the two local files (no download, no cache)."""
     import tiktoken
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str
