@@ -18,7 +18,7 @@ from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
 from .row import Row
-from .speculative import accept_greedy, accept_sampled, target_probs
+from .speculative import verify as speculative_verify
 
 
 def feed_of(row: Row, n: int) -> list[int]:
@@ -84,12 +84,5 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
 def verify(row: Row, logits: torch.Tensor) -> list[int]:
     """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
     drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
-    rule with the row's own generator (exactly the target's distribution). ``inference.speculative``."""
-    cfg = row.config
-    if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
-        return accept_greedy(row.draft, logits)
-    probs = target_probs(logits.float(), row.tokens, row.draft, temperature=cfg.temperature, top_k=cfg.top_k,
-                         top_p=cfg.top_p, repetition_penalty=cfg.repetition_penalty)  # [k + 1, V]
-    if cfg.temperature == 0:
-        return accept_greedy(row.draft, probs)
-    return accept_sampled(row.draft, None, probs, row.generator)
+    rule with the row's own generator (exactly the target's distribution): ``speculative.verify``."""
+    return speculative_verify(logits.float(), row.tokens, row.draft, row.config, generator=row.generator)

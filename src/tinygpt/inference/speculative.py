@@ -318,7 +318,10 @@ def verify(logits: torch.Tensor, tokens: Sequence[int], draft: Sequence[int], se
     """One row's verification, greedy or sampled: logits [k + 1, V] (the target's, after ``tokens`` and each
     prefix of ``draft``) -> the 1 .. k + 1 tokens the row writes. ``settings``: anything with ``temperature``,
     ``top_k``, ``top_p`` and ``repetition_penalty`` (a ``GenerationConfig``); ``draft_probs`` [k, V] as for
-    ``accept_sampled``. With temperature 0 it is ``accept_greedy`` on the (penalised) distributions."""
+    ``accept_sampled``. With temperature 0 it is ``accept_greedy`` on the (penalised) distributions; with no
+    penalty either, on the logits themselves (the same argmax, no softmax)."""
+    if settings.temperature == 0.0 and settings.repetition_penalty == 1.0:
+        return accept_greedy(draft, logits)
     probs = target_probs(logits, tokens, draft, temperature=settings.temperature, top_k=settings.top_k,
                          top_p=settings.top_p, repetition_penalty=settings.repetition_penalty)  # [k + 1, V]
     if settings.temperature == 0.0:
