@@ -81,7 +81,9 @@ async def stream_request(client: Any, url: str, body: dict[str, Any], record: di
     """One streaming ``/v1/completions`` request; fills ``record`` (a new dict if None) as it goes and returns it:
     ``started`` (perf_counter), ``times`` (each text event's time from the start, appended live), then ``ttft_s``,
     ``decode_s`` (first to last text), ``tokens`` (the usage count, else the text events), ``text``, ``usage``.
-    An empty answer counts its end as its first text."""
+    An empty answer counts its end as its first text. A body asking for ``logprobs`` gets an event per token, whose
+    text may be empty (the server holds back a split UTF-8 character or a possible stop text): those count too, so
+    ``times`` then holds one time per token rather than per piece of text."""
     record = {} if record is None else record
     record.update(started=time.perf_counter(), times=[], usage={})
     times, text = record["times"], []
@@ -93,9 +95,10 @@ async def stream_request(client: Any, url: str, body: dict[str, Any], record: di
                 continue
             event = json.loads(line[6:])
             record["usage"] = event.get("usage") or record["usage"]
-            pieces = [c.get("text") or "" for c in event.get("choices", [])]
+            choices = event.get("choices", [])
+            pieces = [c.get("text") or "" for c in choices]
             text += pieces
-            if any(pieces):
+            if any(pieces) or any((c.get("logprobs") or {}).get("tokens") for c in choices):
                 times.append(time.perf_counter() - record["started"])
     if not times:  # the answer was empty (an end-of-text first): its end is the first (and last) output
         times.append(time.perf_counter() - record["started"])

@@ -65,11 +65,15 @@ def _gaps(times: list[float]) -> list[tuple[float, float]]:
 
 async def long_arrival(url: str, body: Body, stream_prompts: list[str], long_prompt: str, sizes: Sizes,
                        timeout: float = 600.0) -> dict[str, Any]:
-    """``long_streams`` streams decode; once each has ``long_after`` texts, ``long_prompt`` arrives. Figures: the
-    longest gap between two texts of any stream from then on, the median gap before it (the step), their ratio."""
+    """``long_streams`` streams decode; once each has ``long_after`` tokens, ``long_prompt`` arrives. Figures: the
+    longest gap between two tokens of any stream from then on, the median gap before it (the step), their ratio.
+
+    The streams ask for ``logprobs`` so that every token is an event of its own: timed by text alone, a random
+    model's tokens that end inside a UTF-8 character are held back until it completes, and the longest "gap" would
+    be several steps that the engine ran without a pause."""
     async with client() as http:
         records: list[dict[str, Any]] = [{} for _ in stream_prompts[:sizes.long_streams]]
-        streams = [asyncio.create_task(stream_request(http, url, body(p, sizes.long_stream_tokens), r))
+        streams = [asyncio.create_task(stream_request(http, url, {**body(p, sizes.long_stream_tokens), "logprobs": 0}, r))
                    for p, r in zip(stream_prompts, records)]
         deadline = time.perf_counter() + timeout
         while any(len(r.get("times", ())) < sizes.long_after for r in records):

@@ -250,18 +250,19 @@ class MultiHeadAttention(nn.Module):
                      cache: PagedLayerCache) -> torch.Tensor:
         """Attention for packed rows: q [1, H, N, hd], k/v [1, Hkv, N, hd] -> context [1, H, N, hd].
 
-        Every token's key/value is written to its slot first; then the decode rows (one query each) attend together
-        to their gathered keys under a padding mask, and each span attends causally to its own: query ``start + i``
+        Every token's key/value is written to its slot first; then the decode rows (one query each) attend, a group
+        of rows of similar length at a time, to their gathered keys under a padding mask, and each span attends causally to its own: query ``start + i``
         sees the span's keys 0 .. start + i, as in a forward over the row alone.
         """
         cache.write(batch.write_slots, k, v)
-        gqa, parts, offset = self.n_heads > self.n_kv_heads, [], batch.decode_rows
-        if offset:
-            keys, values = cache.read(batch.decode_keys)  # [Bd, Hkv, L, hd]
-            queries = q[0, :, :offset].transpose(0, 1).unsqueeze(2)  # [Bd, H, 1, hd]
-            mask = None if batch.decode_mask is None else batch.decode_mask[:, None, None, :]  # [Bd, 1, 1, L]
+        gqa, parts, offset = self.n_heads > self.n_kv_heads, [], 0
+        for group in batch.decode_groups:
+            keys, values = cache.read(group.keys)  # [G, Hkv, L, hd]
+            queries = q[0, :, offset:offset + group.rows].transpose(0, 1).unsqueeze(2)  # [G, H, 1, hd]
+            mask = None if group.mask is None else group.mask[:, None, None, :]  # [G, 1, 1, L]
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
-            parts.append(out.squeeze(2).transpose(0, 1).unsqueeze(0))  # [1, H, Bd, hd]
+            parts.append(out.squeeze(2).transpose(0, 1).unsqueeze(0))  # [1, H, G, hd]
+            offset += group.rows
         for span in batch.spans:
             queries = q[:, :, offset:offset + span.length]  # [1, H, T, hd]
             if span.start == 0:  # the row's first tokens: its keys are this call's, plain causal attention

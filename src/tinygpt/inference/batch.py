@@ -29,21 +29,30 @@ class Span:
 
 
 @dataclass(frozen=True)
+class DecodeGroup:
+    """``rows`` consecutive one-token rows that attend together: to ``keys`` [rows, L] (slots, padded with slot 0)
+    under ``mask`` [rows, L] (None when every row has L keys)."""
+
+    rows: int
+    keys: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class Batch:
     """One forward of N packed tokens.
 
     ``positions`` [N]: each token's position in its own row (for the position table or RoPE). ``write_slots`` [N]:
-    where each token's key/value is stored. ``decode_rows``: the first Bd tokens are rows of one token, which attend
-    to ``decode_keys`` [Bd, L] (slots, padded with slot 0) under ``decode_mask`` [Bd, L] (None when every row has
-    L keys). ``spans``: the multi-token rows, in token order after the decode rows. ``logits_at`` [M]: which of the
-    N tokens the head runs on. ``rope``: set by the model (its cos/sin tables for ``positions``).
+    where each token's key/value is stored. ``decode_rows``: the first Bd tokens are rows of one token, longest
+    first, in ``decode_groups`` of rows of similar length (each group's keys are padded to its longest row only).
+    ``spans``: the multi-token rows, in token order after the decode rows. ``logits_at`` [M]: which of the N tokens
+    the head runs on. ``rope``: set by the model (its cos/sin tables for ``positions``).
     """
 
     positions: torch.Tensor
     write_slots: torch.Tensor
     decode_rows: int
-    decode_keys: torch.Tensor | None
-    decode_mask: torch.Tensor | None
+    decode_groups: tuple[DecodeGroup, ...]
     spans: tuple[Span, ...]
     logits_at: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -87,26 +96,14 @@ def build_batch(rows: Sequence[RowSlice], block_size: int, device: torch.device 
     positions: list[int] = []
     write: list[int] = []
     logits_at: list[int] = []
-    decode = [rows[i] for i in order if rows[i].length == 1]
+    decode = [rows[i] for i in order if rows[i].length == 1]  # longest first
     for i in order:
         r = rows[i]
         for j in range(r.length):
             positions.append(r.start + j)
             write.append(slot_of(r.table, r.start + j, block_size))
         logits_at.extend(len(positions) - r.length + j for j in r.logits)
-    decode_keys = decode_mask = None
-    if decode:
-        lengths = [r.start + 1 for r in decode]
-        blocks = max(-(-n // block_size) for n in lengths)
-        tables = torch.tensor([list(r.table[:blocks]) + [0] * (blocks - len(r.table[:blocks])) for r in decode],
-                              dtype=torch.long)  # [Bd, blocks]
-        offsets = torch.arange(block_size, dtype=torch.long)  # [bs]
-        slots = (tables[:, :, None] * block_size + offsets).flatten(1)[:, :max(lengths)]  # [Bd, L]
-        if min(lengths) != max(lengths):
-            decode_mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]  # [Bd, L]
-            slots = slots.masked_fill(~decode_mask, 0)
-            decode_mask = decode_mask.to(device)
-        decode_keys = slots.to(device)
+    groups = tuple(_decode_group(group, block_size, device) for group in _by_length(decode))
     spans = []
     for i in order:
         r = rows[i]
@@ -121,11 +118,41 @@ def build_batch(rows: Sequence[RowSlice], block_size: int, device: torch.device 
     return Batch(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         write_slots=torch.tensor(write, dtype=torch.long, device=device),
-        decode_rows=len(decode), decode_keys=decode_keys, decode_mask=decode_mask, spans=tuple(spans),
+        decode_rows=len(decode), decode_groups=groups, spans=tuple(spans),
         logits_at=torch.tensor(logits_at, dtype=torch.long, device=device),
     )
 
 
 def pack_order(rows: Sequence[RowSlice]) -> list[int]:
-    """The rows' order in the packed sequence: single-token rows first, then the others, each group as given."""
-    return [i for i, r in enumerate(rows) if r.length == 1] + [i for i, r in enumerate(rows) if r.length > 1]
+    """The rows' order in the packed sequence: single-token rows first, the longest (most keys) first, then the
+    others as given."""
+    decode = sorted((i for i, r in enumerate(rows) if r.length == 1), key=lambda i: -rows[i].start)
+    return decode + [i for i, r in enumerate(rows) if r.length > 1]
+
+
+def _by_length(decode: Sequence[RowSlice]) -> list[list[RowSlice]]:
+    """Decode rows (longest first) in groups whose rows have at least half the keys of the group's first: padded
+    to its longest row, a group reads at most twice the keys its rows have. One group for all of them would pad a
+    row of 100 keys to the 1,000 of a long prompt's row; reading keys is what a decode step's attention costs."""
+    groups: list[list[RowSlice]] = []
+    for r in decode:
+        if groups and 2 * (r.start + 1) >= groups[-1][0].start + 1:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
+
+
+def _decode_group(rows: Sequence[RowSlice], block_size: int, device: torch.device | str) -> DecodeGroup:
+    lengths = [r.start + 1 for r in rows]  # keys of each row: its earlier positions and its new token
+    blocks = -(-max(lengths) // block_size)
+    tables = torch.tensor([list(r.table[:blocks]) + [0] * (blocks - len(r.table[:blocks])) for r in rows],
+                          dtype=torch.long)  # [G, blocks]
+    offsets = torch.arange(block_size, dtype=torch.long)  # [bs]
+    slots = (tables[:, :, None] * block_size + offsets).flatten(1)[:, :max(lengths)]  # [G, L]
+    mask = None
+    if min(lengths) != max(lengths):
+        mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]  # [G, L]
+        slots = slots.masked_fill(~mask, 0)
+        mask = mask.to(device)
+    return DecodeGroup(len(rows), slots.to(device), mask)

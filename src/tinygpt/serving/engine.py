@@ -32,7 +32,7 @@ from ..inference.row import Row
 from ..text_stream import TextCodec, TextStreamer
 
 DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
-DEFAULT_CHUNK_PER_DECODE = 16  # while rows decode, prompt tokens per step per decoding row
+DEFAULT_CHUNK_PER_DECODE = 8  # while rows decode, prompt tokens per step per decoding row (docs/serving.md: measured)
 
 
 class QueueFull(Exception):
