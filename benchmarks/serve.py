@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -456,9 +457,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=None, help="tinygpt's --max-batch (default: max clients)")
     parser.add_argument("--draft", metavar="MODEL", help="also serve this checkout with --draft MODEL")
     parser.add_argument("--device", default="cpu", help="where every server and the offline rows run (default cpu)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of every server and of the offline rows (default: $OMP_NUM_THREADS, "
+                             "else one per core)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = parser.parse_args(argv)
-    for name in ("new_tokens", "requests", "max_batch", "rounds"):
+    for name in ("new_tokens", "requests", "max_batch", "rounds", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
@@ -466,7 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--phase-seconds={args.phase_seconds} must be > 0")
     clients = args.clients or ([1, 2] if args.quick else [1, 4, 16, 64])
     hf = list(HF_MODES) if args.hf is None else args.hf
-    pin_threads()
+    # The servers (child processes) and the offline rows (this process) run with the same thread count, or the
+    # 1-client ratio against offline ``generate`` would compare one thread with two.
+    threads = args.threads or _env_threads() or pin_threads()
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by every server process
 
     def compute() -> dict[str, Any]:
         return run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
@@ -480,6 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}\n" + table(result))
 
     return run_and_report(parser, compute, report, args.json)
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 if __name__ == "__main__":
