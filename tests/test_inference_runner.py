@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inference_support import VARIANTS, variant_model
+from lora_support import clone, trained_adapter
 from tinygpt import GenerationConfig, GPTModel, generate, lora
 from tinygpt.inference.engine import InferenceEngine
 from tinygpt.inference.row import Row
@@ -18,21 +19,10 @@ TARGETS = {"gpt2": ("qkv", "out_proj", "ffn_in", "ffn_out"), "llama": ("qkv", "g
            "gqa": ("qkv", "out_proj", "up")}
 
 
-def _clone(model: GPTModel) -> GPTModel:
-    clone = GPTModel(model.config).to(next(model.parameters()).dtype).eval()
-    clone.load_state_dict(model.state_dict())
-    return clone
-
-
 def _adapter(base: GPTModel, config: lora.LoRAConfig, seed: int):
-    """An adapter with random nonzero B (a fresh one adds nothing) and its merged model."""
-    adapted = lora.apply_lora(_clone(base), config, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, module in lora.lora_modules(adapted):
-            for b in module.lora_B.values():
-                b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float64) * 0.5)
-    return (config, lora.lora_state_dict(adapted)), lora.merged_model(adapted).eval()
+    """An adapter (its B random) and its merged model."""
+    adapted, parts = trained_adapter(base, config, seed, scale=0.5)
+    return parts, lora.merged_model(adapted).eval()
 
 
 def _served(variant: str):
@@ -40,7 +30,7 @@ def _served(variant: str):
     base = variant_model(variant)
     a, merged_a = _adapter(base, lora.LoRAConfig(r=4, alpha=8, targets=TARGETS[variant]), seed=1)
     b, merged_b = _adapter(base, lora.LoRAConfig(r=2, alpha=4, targets=TARGETS[variant][:1]), seed=2)
-    served = _clone(base)
+    served = clone(base)
     attach_adapters(served, {"a": a, "b": b})
     return served, {-1: base, 0: merged_a, 1: merged_b}
 

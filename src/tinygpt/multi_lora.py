@@ -63,12 +63,14 @@ def attach_adapters(model: nn.Module, adapters: Mapping[str, tuple[LoRAConfig, M
     if not names:
         raise ValueError("no adapters given")
     device = next(model.parameters()).device
-    wrapped: dict[str, MultiLoRALinear] = {}
-    for k, name in enumerate(names):
-        config, state = adapters[name]
+    for name in names:  # every adapter's settings first: a refused one leaves the model as it was
+        config, _ = adapters[name]
         if config.quantize is not None:
             raise ValueError(f"adapter {name!r} was trained on an NF4 base: merge it (tinygpt merge) to serve it")
         check_targets(config, model.config)
+    wrapped: dict[str, MultiLoRALinear] = {}
+    for k, name in enumerate(names):
+        config, state = adapters[name]
         for i, block in enumerate(model.trf_blocks):
             for target in config.targets:
                 path, half = TARGETS[target]
