@@ -88,3 +88,21 @@ def test_a_hash_collision_is_not_a_hit(monkeypatch):
 def test_too_few_blocks_is_a_value_error():
     with pytest.raises(ValueError, match="num_blocks=2"):
         BlockManager(2, 4)
+
+
+def test_rows_of_different_adapters_never_share_a_block_and_rows_of_one_adapter_do():
+    from tinygpt.inference.blocks import prefix_root
+
+    blocks = BlockManager(20, 4)
+    tokens = list(range(10, 22))
+    tables = {}
+    for adapter in (-1, 0):
+        table, reused = blocks.allocate(tokens, 12, 11, prefix_root(adapter))
+        assert reused == 0  # the other adapter's blocks hold other keys for the same tokens
+        blocks.register(table, tokens, 12, [], prefix_root(adapter))
+        tables[adapter] = table
+    for adapter in (-1, 0):
+        again, reused = blocks.allocate(tokens, 12, 11, prefix_root(adapter))
+        assert reused == 8 and again[:2] == tables[adapter][:2]
+        blocks.release(again)
+    assert blocks.allocate(tokens, 12, 11, prefix_root(1))[1] == 0

@@ -5,26 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lora_support import clone as _clone
+from lora_support import trained_adapter as _trained_adapter
 from tinygpt import GPTConfig, GPTModel, generate_greedy, lora
 from tinygpt.multi_lora import attach_adapters, use_adapters
 
 CONFIG = GPTConfig(vocab_size=60, context_length=32, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=True)
-
-
-def _clone(model: GPTModel) -> GPTModel:
-    clone = GPTModel(model.config).eval()
-    clone.load_state_dict(model.state_dict())
-    return clone
-
-
-def _trained_adapter(base: GPTModel, config: lora.LoRAConfig, seed: int):
-    adapted = lora.apply_lora(_clone(base), config, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, module in lora.lora_modules(adapted):
-            for b in module.lora_B.values():
-                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
-    return adapted, (config, lora.lora_state_dict(adapted))
 
 
 def test_rows_with_different_adapters_in_one_batch_equal_their_merged_models():
@@ -46,8 +32,8 @@ def test_rows_with_different_adapters_in_one_batch_equal_their_merged_models():
         with use_adapters(served, torch.tensor([[0, 0, 0, 0, 1, 1, 1]])):
             packed = served(ids[:1])
         torch.testing.assert_close(packed[0, :4], merged["a"](ids[:1, :4])[0], rtol=0, atol=1e-5)
-    # greedy generation with an adapter chosen on the served model = its merged model's (the uncached loop: the
-    # engine's packed batches do not carry a per-row adapter yet)
+    # greedy generation with one adapter for the whole (uncached) loop = its merged model's; the engine's packed
+    # batches carry a per-row adapter instead (tests/test_inference_runner.py)
     for k, name in [(0, "a"), (1, "b"), (-1, None)]:
         prompt = torch.tensor([[5, 9, 2]])
         with use_adapters(served, torch.tensor([k])):

@@ -13,7 +13,7 @@ generation). Inference only: nothing here trains.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -30,27 +30,29 @@ class MultiLoRALinear(nn.Module):
         self.out_features = base.out_features
         # adapter k -> [(rows lo, hi, A [r, in], B [hi - lo, r], scaling)]; plain tensors, not parameters
         self.updates: list[list[tuple[int, int, torch.Tensor, torch.Tensor, float]]] = []
-        self.index: torch.Tensor | None = None
+        # set by ``use_adapters``: the index's shape S, and per adapter k the positions (flat over S) that take it
+        self.index: tuple[torch.Size, list[tuple[int, torch.Tensor]]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # [..., out]
         if self.index is None:
             return y
-        index = self.index
-        if index.dim() == 1 and x.dim() > 2 and index.shape[0] == x.shape[0]:  # one per row: for all its positions
-            index = index.view(-1, *([1] * (x.dim() - 2))).expand(x.shape[:-1])
-        if index.shape != x.shape[:-1]:
-            raise ValueError(f"the adapter index has shape {list(self.index.shape)}; this forward needs "
-                             f"[{x.shape[0]}] (one per row) or {list(x.shape[:-1])} (one per position)")
-        y = y.clone()
-        for k, parts in enumerate(self.updates):
-            chosen = index == k  # [...]
-            if not bool(chosen.any()):
-                continue
-            xs = x[chosen]  # [n, in]: only the positions of this adapter
-            for lo, hi, a, b, scaling in parts:
-                y[..., lo:hi][chosen] += scaling * ((xs @ a.T.to(xs.dtype)) @ b.T.to(xs.dtype))
-        return y
+        shape, groups = self.index
+        lead = x.shape[:len(shape)]
+        if lead != shape or len(shape) >= x.dim():
+            raise ValueError(f"the adapter index has shape {list(shape)}; this forward needs [{x.shape[0]}] (one per "
+                             f"row) or {list(x.shape[:-1])} (one per position)")
+        if not groups:
+            return y
+        # flat over the index's dims: [B, in] (per position) or [B, T, in] (per row); the positions of each
+        # adapter were found on the host, so nothing here waits on the device
+        xf = x.reshape(-1, *x.shape[len(shape):])
+        yf = y.reshape(-1, *y.shape[len(shape):]).clone()
+        for k, where in groups:
+            xs = xf[where]  # [n, ..., in]: only the positions of this adapter
+            for lo, hi, a, b, scaling in self.updates[k]:
+                yf[where, ..., lo:hi] += scaling * ((xs @ a.T.to(xs.dtype)) @ b.T.to(xs.dtype))
+        return yf.view(y.shape)
 
 
 def attach_adapters(model: nn.Module, adapters: Mapping[str, tuple[LoRAConfig, Mapping[str, torch.Tensor]]]
@@ -61,12 +63,14 @@ def attach_adapters(model: nn.Module, adapters: Mapping[str, tuple[LoRAConfig, M
     if not names:
         raise ValueError("no adapters given")
     device = next(model.parameters()).device
-    wrapped: dict[str, MultiLoRALinear] = {}
-    for k, name in enumerate(names):
-        config, state = adapters[name]
+    for name in names:  # every adapter's settings first: a refused one leaves the model as it was
+        config, _ = adapters[name]
         if config.quantize is not None:
             raise ValueError(f"adapter {name!r} was trained on an NF4 base: merge it (tinygpt merge) to serve it")
         check_targets(config, model.config)
+    wrapped: dict[str, MultiLoRALinear] = {}
+    for k, name in enumerate(names):
+        config, state = adapters[name]
         for i, block in enumerate(model.trf_blocks):
             for target in config.targets:
                 path, half = TARGETS[target]
@@ -95,18 +99,33 @@ def attach_adapters(model: nn.Module, adapters: Mapping[str, tuple[LoRAConfig, M
     return names
 
 
+def adapter_groups(index: torch.Tensor | Sequence[int], count: int, device: torch.device | str
+                   ) -> tuple[torch.Size, list[tuple[int, torch.Tensor]]]:
+    """(the index's shape, [(k, the flat positions taking adapter k)] for each adapter used) of an index that is a
+    host list or tensor; ``ValueError`` for a value outside -1 .. count - 1."""
+    host = torch.as_tensor(index, dtype=torch.long, device="cpu")  # one read back for a device tensor, none for a list
+    flat = host.reshape(-1)
+    if flat.numel() and (int(flat.min()) < -1 or int(flat.max()) >= count):
+        raise ValueError(f"adapter index out of range: -1 (the base) or 0..{count - 1}")
+    groups = [(k, (flat == k).nonzero().view(-1).to(device)) for k in sorted(set(flat.tolist()) - {-1})]
+    return host.shape, groups
+
+
 @contextlib.contextmanager
-def use_adapters(model: nn.Module, index: torch.Tensor) -> Iterator[None]:
-    """Inside the block, position p of a forward takes adapter ``index[p]`` (-1: none); see the module docstring."""
+def use_adapters(model: nn.Module, index: torch.Tensor | Sequence[int]) -> Iterator[None]:
+    """Inside the block, position p of a forward takes adapter ``index[p]`` (-1: none); see the module docstring.
+    ``index`` is best a host list (or a CPU tensor): the positions of each adapter are found here, once, and the
+    forward reads nothing back from the device."""
     names = getattr(model, "adapter_names", None)
     if names is None:
         raise ValueError("the model has no adapters attached (attach_adapters first)")
-    index = torch.as_tensor(index, dtype=torch.long, device=next(model.parameters()).device)
-    if index.numel() and (int(index.min()) < -1 or int(index.max()) >= len(names)):
-        raise ValueError(f"adapter index out of range: -1 (the base) or 0..{len(names) - 1} ({', '.join(names)})")
+    try:
+        chosen = adapter_groups(index, len(names), next(model.parameters()).device)
+    except ValueError as err:
+        raise ValueError(f"{err} ({', '.join(names)})") from None
     modules = [m for m in model.modules() if isinstance(m, MultiLoRALinear)]
     for m in modules:
-        m.index = index
+        m.index = chosen
     try:
         yield
     finally:

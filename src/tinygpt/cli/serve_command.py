@@ -1,4 +1,5 @@
-"""``tinygpt serve``: an OpenAI-compatible HTTP server (and a page) for one model.
+"""``tinygpt serve``: an OpenAI-compatible HTTP server (and a page) for one model, and any LoRA adapters of it
+(``--adapter NAME=DIR``, each served as the model NAME).
 
 The server's flags are the fields of ``serving.options.ServeOptions``; the model's (``--model``,
 ``--tokenizer-dir``, ``--device``, ``--dtype``) are every loading command's."""
@@ -48,7 +49,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     app = create_app(model, tokenizer, options, dtype=args.dtype)
 
     def announce(url: str) -> None:
-        print(f"tinygpt serve: {name} on {url} (max batch {options.max_batch}, queue {options.max_queue}"
+        adapters = "".join(f", {a}" for a in options.adapters)
+        print(f"tinygpt serve: {name}{adapters} on {url} (max batch {options.max_batch}, queue {options.max_queue}"
               f"{', API key required' if api_key else ''})", flush=True)
 
     run_server(app, options, announce=announce)

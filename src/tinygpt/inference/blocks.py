@@ -10,21 +10,30 @@ every token before it). A row added later whose tokens begin with the same full 
 + 1) instead of computing them again. A block nobody uses any more keeps its contents and its hash, and goes to
 the back of the free list: blocks are handed out from the front, so the least recently used cached prefix is
 overwritten first (blocks without a hash are put at the front: nothing is lost by reusing them).
+
+A row served with a LoRA adapter computes other keys and values for the same tokens, so its chain starts from a
+root that names the adapter (``prefix_root``): rows of different adapters never share a block, rows of the same
+adapter do.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Hashable, Sequence
 
 NULL_BLOCK = 0  # masked key slots point into it (kept zero); never handed out
 SCRATCH_BLOCK = 1  # idle padding tokens write their keys here; never read, never handed out
 RESERVED = 2
 
 
-def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """The hash of a full block: its tokens and the hash of the prefix before it."""
+def chain_hash(parent: Hashable, tokens: Sequence[int]) -> int:
+    """The hash of a full block: its tokens and the hash of the prefix before it (for the first block, the root)."""
     return hash((parent, tuple(tokens)))
+
+
+def prefix_root(adapter: int) -> Hashable:
+    """The root of a row's chain: None for the base model (-1), one per adapter index otherwise."""
+    return None if adapter < 0 else ("adapter", adapter)
 
 
 class BlockManager:
@@ -66,9 +75,10 @@ class BlockManager:
         self.ref_count[block] = 1
         return block
 
-    def lookup(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """The cached blocks that hold ``tokens``' first full blocks, at most ``limit`` tokens' worth."""
-        found, parent, bs = [], None, self.block_size
+    def lookup(self, tokens: Sequence[int], limit: int, root: Hashable = None) -> list[int]:
+        """The cached blocks that hold ``tokens``' first full blocks, at most ``limit`` tokens' worth, in the chain
+        that starts at ``root`` (``prefix_root``)."""
+        found, parent, bs = [], root, self.block_size
         for i in range(min(limit, len(tokens)) // bs):
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             h = chain_hash(parent, chunk)
@@ -79,10 +89,12 @@ class BlockManager:
             parent = h
         return found
 
-    def allocate(self, tokens: Sequence[int], length: int, reuse_limit: int) -> tuple[list[int], int] | None:
+    def allocate(self, tokens: Sequence[int], length: int, reuse_limit: int, root: Hashable = None
+                 ) -> tuple[list[int], int] | None:
         """A table covering ``length`` positions for a row whose first positions hold ``tokens``, taking cached
-        blocks for at most ``reuse_limit`` tokens; returns (table, tokens reused), or None when there is no room."""
-        hits = self.lookup(tokens, reuse_limit) if reuse_limit > 0 else []
+        blocks for at most ``reuse_limit`` tokens of the chain from ``root``; returns (table, tokens reused), or None
+        when there is no room."""
+        hits = self.lookup(tokens, reuse_limit, root) if reuse_limit > 0 else []
         fresh = self.blocks_for(length) - len(hits)
         if fresh > self.num_free - sum(1 for b in hits if self.ref_count[b] == 0):
             return None
@@ -112,14 +124,15 @@ class BlockManager:
                     self.free.move_to_end(block, last=False)
         table.clear()
 
-    def register(self, table: Sequence[int], tokens: Sequence[int], computed: int, hashes: list[int]) -> None:
+    def register(self, table: Sequence[int], tokens: Sequence[int], computed: int, hashes: list[int],
+                 root: Hashable = None) -> None:
         """Publish the row's full blocks whose keys/values are computed (positions < ``computed``). ``hashes``: the
-        row's chain so far (one per published block), extended here."""
+        row's chain so far (one per published block, from ``root``), extended here."""
         bs = self.block_size
         while (len(hashes) + 1) * bs <= computed:
             i = len(hashes)
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
-            h = chain_hash(hashes[-1] if hashes else None, chunk)
+            h = chain_hash(hashes[-1] if hashes else root, chunk)
             hashes.append(h)
             block = table[i]
             if self.block_hash[block] is None and h not in self.by_hash:

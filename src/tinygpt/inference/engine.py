@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..kv_cache import PagedKVCache
-from .blocks import RESERVED, BlockManager
+from .blocks import RESERVED, BlockManager, prefix_root
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify
 from .speculative import DraftController
@@ -111,6 +111,11 @@ class InferenceEngine:
                 row.seen = torch.zeros(1, v, dtype=torch.bool, device=self.device)
                 row.seen[0, row.tokens] = True
             row.reuse = row.reuse and self.prefix_reuse and row.config.use_cache
+        names = getattr(self.model, "adapter_names", [])
+        if not (isinstance(row.adapter, int) and -1 <= row.adapter < len(names)):
+            raise ValueError(f"adapter={row.adapter!r} must be -1 (the base) or the index of an attached adapter "
+                             f"(0..{len(names) - 1}: {', '.join(names)})" if names else
+                             f"adapter={row.adapter!r}: the model has no adapters attached (only -1, the base)")
         bad = next((t for t in row.tokens if not (isinstance(t, int) and 0 <= t < v)), None)
         if bad is not None:
             raise ValueError(f"token id {bad!r} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
@@ -203,7 +208,7 @@ class InferenceEngine:
         for out in outputs:
             row = out.row
             if row.finish_reason != "error":  # its computed full blocks serve later rows (the next turn of a chat)
-                self.blocks.register(row.table, row.window, row.computed, row.hashes)
+                self.blocks.register(row.table, row.window, row.computed, row.hashes, prefix_root(row.adapter))
             if row.finished:
                 self.scheduler.remove(row)
             elif row.config is not None and not row.config.use_cache and row.pending == 1:

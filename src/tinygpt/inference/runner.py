@@ -8,12 +8,14 @@ tokens never depend on its neighbours; ``verify`` checks a row's draft (speculat
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import ContextManager, Sequence
 
 import torch
 from torch import nn
 
 from ..kv_cache import PagedKVCache
+from ..multi_lora import use_adapters
 from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
@@ -37,6 +39,16 @@ def logit_offsets(row: Row, n: int) -> list[int]:
     return [n - 1] if row.computed + n == row.window_length else []
 
 
+def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens: int) -> ContextManager[None]:
+    """The forward's LoRA adapters (``multi_lora``): each packed token takes its row's adapter (``packed`` in token
+    order; the idle padding up to ``num_tokens`` takes the base), an index built on the host. Nothing to do for a
+    model without adapters or a batch of base rows only."""
+    if getattr(model, "adapter_names", None) is None or all(row.adapter < 0 for row, _ in packed):
+        return contextlib.nullcontext()
+    index = [row.adapter for row, n in packed for _ in range(n)]
+    return use_adapters(model, [index + [-1] * (num_tokens - len(index))])  # [1, N], as the packed ids
+
+
 class ModelRunner:
     """The model and its paged cache; one ``forward`` per engine step."""
 
@@ -53,7 +65,8 @@ class ModelRunner:
                             scratch_slot=SCRATCH_BLOCK * self.cache.block_size)
         ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
-        logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
+        with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
+            logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
         start = 0
         for i in order:

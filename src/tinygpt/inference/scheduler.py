@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 
-from .blocks import BlockManager
+from .blocks import BlockManager, prefix_root
 from .row import Row
 
 
@@ -89,7 +89,7 @@ class Scheduler:
         while self.waiting and budget >= 1 and len(self.running) < self.max_rows:
             row = self.waiting[0]
             limit = row.first_logit if row.reuse else 0
-            got = self.blocks.allocate(row.window, row.window_length, limit)
+            got = self.blocks.allocate(row.window, row.window_length, limit, prefix_root(row.adapter))
             if got is None:
                 break
             self.waiting.popleft()

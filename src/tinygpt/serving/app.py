@@ -104,7 +104,8 @@ async def completions(request: Request) -> Response:
     state = _state(request)
     req = parse_completion(await _body(request))
     sampling = req.sampling
-    state.check_model(sampling.model)
+    adapter = state.check_model(sampling.model)
+    served = state.served_name(adapter)
 
     def tokenize() -> list[list[int]]:
         return [state.encode(p, "prompt") if isinstance(p, str) else state.check_ids(p, "prompt")
@@ -115,12 +116,12 @@ async def completions(request: Request) -> Response:
               for ids in prompts]
     prompt_texts = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in req.prompts]
     choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs,
-                           req.echo and req.logprobs is not None)
+                           req.echo and req.logprobs is not None, adapter)
     rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
     n_prompt = sum(len(ids) for ids in prompts)
 
     def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
-        return {"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+        return {"id": rid, "object": "text_completion", "created": now, "model": served,
                 "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
     if sampling.stream:
@@ -153,7 +154,7 @@ async def completions(request: Request) -> Response:
                     yield _sse(chunk(index, event.text, None, event.reason))
             else:
                 if sampling.include_usage:
-                    yield _sse({"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+                    yield _sse({"id": rid, "object": "text_completion", "created": now, "model": served,
                                 "choices": [], "usage": _usage(n_prompt, completion_tokens)})
             yield _sse("[DONE]")
 
@@ -170,7 +171,7 @@ async def completions(request: Request) -> Response:
         if req.logprobs is not None:
             logprobs = _completion_logprobs(state, tokens[index], 0)
         out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
-    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": state.model_name,
+    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": served,
                          "choices": out, "usage": _usage(n_prompt, completion_tokens)})
 
 
@@ -185,18 +186,21 @@ async def chat_completions(request: Request) -> Response:
     state = _state(request)
     req = parse_chat(await _body(request))
     sampling = req.sampling
-    state.check_model(sampling.model)
-    try:  # the checkpoint's chat template; none: 400 (the page offers Completion). Off the loop: a long text.
+    adapter = state.check_model(sampling.model)
+    served = state.served_name(adapter)
+    # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
+    # Completion). Off the loop: a long text.
+    try:
         ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages)
     except ValueError as err:
         raise bad("messages", str(err)) from None
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
     stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
-    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False)
+    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter)
     rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
-        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": state.model_name,
+        return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": served,
                 "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
     if sampling.stream:
@@ -222,7 +226,7 @@ async def chat_completions(request: Request) -> Response:
             else:
                 if sampling.include_usage:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now,
-                                "model": state.model_name, "choices": [], "usage": _usage(len(ids), completion_tokens)})
+                                "model": served, "choices": [], "usage": _usage(len(ids), completion_tokens)})
             yield _sse("[DONE]")
 
         return _EventStream(state, choices, chunks())
@@ -234,7 +238,7 @@ async def chat_completions(request: Request) -> Response:
     out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
             "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t) for t in tokens[i]]},
             "finish_reason": reasons[i]} for i in range(sampling.n)]
-    return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": state.model_name,
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": served,
                          "choices": out, "usage": _usage(len(ids), completion_tokens)})
 
 
@@ -243,12 +247,16 @@ async def health(request: Request) -> Response:
     state = _state(request)
     load = state.engine.load() if state.engine is not None else {"running": 0, "waiting": 0}
     return JSONResponse({"status": "ok" if state.engine is not None else "stopped", "model": state.model_name,
-                         **load, "max_batch": state.options.max_batch, "max_queue": state.options.max_queue})
+                         "adapters": state.adapters, **load, "max_batch": state.options.max_batch,
+                         "max_queue": state.options.max_queue})
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "tinygpt",
-            "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
+def _model_card(state: ServerState, adapter: int = -1) -> dict[str, Any]:
+    """A model's entry in OpenAI's list; an adapter's names its base in ``parent`` and ``root`` (as vLLM's LoRA
+    entries do; ``root`` is the base's id here, not a path on the server)."""
+    lineage = {} if adapter < 0 else {"parent": state.model_name, "root": state.model_name}
+    return {"id": state.served_name(adapter), "object": "model", "created": state.created, "owned_by": "tinygpt",
+            **lineage, "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
             "n_heads": state.model.config.n_heads,
             "has_chat_template": getattr(state.tokenizer, "chat_template", None) is not None}  # the page's Chat tab
 
@@ -256,14 +264,14 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     state = _state(request)
     state.authorize(request)
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+    return JSONResponse({"object": "list",
+                         "data": [_model_card(state, k) for k in range(-1, len(state.adapters))]})
 
 
 async def get_model(request: Request) -> Response:
     state = _state(request)
     state.authorize(request)
-    state.check_model(request.path_params["name"])
-    return JSONResponse(_model_card(state))
+    return JSONResponse(_model_card(state, state.check_model(request.path_params["name"])))
 
 
 async def tokenize(request: Request) -> Response:

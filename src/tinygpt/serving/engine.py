@@ -16,11 +16,12 @@ settings, its sink) finishes alone with reason "error"; the others carry on and 
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
+from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
 DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
@@ -87,7 +89,8 @@ class EngineRequest:
     """One row to generate. ``config``: a validated ``GenerationConfig`` whose ``max_new_tokens`` fits the
     context (``prompt + max_new_tokens - 1 <= C``); its ``eos_id`` ends the row (not part of the text).
     ``logprobs``: None, or how many top alternatives to report with each token (0 = only the chosen one).
-    ``sink`` receives every event, from the engine's thread; it must not block."""
+    ``sink`` receives every event, from the engine's thread; it must not block. ``adapter``: the index of the
+    model's attached LoRA adapter the row runs with (``multi_lora``; -1: the base)."""
 
     prompt: list[int]
     config: GenerationConfig
@@ -95,6 +98,7 @@ class EngineRequest:
     stop_texts: tuple[str, ...] = ()
     logprobs: int | None = None
     prompt_logprobs: bool = False
+    adapter: int = -1
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -107,6 +111,11 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
         return []
     values, ids = logprobs.topk(min(n, logprobs.shape[-1]))
     return list(zip(ids.tolist(), values.tolist()))
+
+
+def _adapter(model: nn.Module, adapter: int) -> ContextManager[None]:
+    """A whole forward [1, T] of one row with ``adapter`` (-1: the base)."""
+    return contextlib.nullcontext() if adapter < 0 else use_adapters(model, [adapter])
 
 
 class _Live:
@@ -278,10 +287,13 @@ class BatchEngine:
             generator = None
             if cfg.seed is not None and cfg.temperature > 0:
                 generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
-            row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req)
+            row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req,
+                      adapter=req.adapter)
             if req.prompt_logprobs:
                 ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
-                if not self._emit(req, PromptLogprobs(self._prompt_logprobs(ids, req.logprobs or 0))):
+                with _adapter(self.model, req.adapter):
+                    scored = self._prompt_logprobs(ids, req.logprobs or 0)
+                if not self._emit(req, PromptLogprobs(scored)):
                     raise RuntimeError("the request's sink failed")
             self.core.add(row)
         except Exception as err:

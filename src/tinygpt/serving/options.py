@@ -22,6 +22,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # accepts up to the listen backlog (``serving.server.ACCEPT_BACKLOG`` = 64) at once, before a connection past the
 # limit can be closed, so the limit keeps three bursts' worth free.
 FD_RESERVE = 256
+DEFAULT_MODEL_NAME = "tinygpt"  # the base's id when ``model_name`` is not given (``tinygpt serve`` always gives it)
 
 
 def default_max_connections() -> int:
@@ -53,6 +54,11 @@ class ServeOptions:
 
     model_name: str | None = option(None, "the model's id in the API", metavar="NAME",
                                     default_help="the model folder's name or the hub name")
+    adapter: list[str] | None = option(None, "also serve this LoRA adapter of the model (a folder in PEFT's format, "
+                                             "as tinygpt lora saves it) as the model NAME (repeatable): a request's "
+                                             "model field picks the base or an adapter, and rows of different "
+                                             "adapters decode in one batch", metavar="NAME=DIR", action="append",
+                                       default_help="none")
     host: str = option("127.0.0.1", "address to bind; on a loopback address only requests whose Host is a "
                                     "loopback name are served (DNS-rebinding defence)")
     port: int = option(8000, "port to listen on (0: any free port)")
@@ -113,9 +119,34 @@ class ServeOptions:
         checks.positive_int("cache_tokens", self.cache_tokens, optional=True)
         checks.choice("speculative", self.speculative, ("off", "lookup"))
         checks.positive_int("speculative_tokens", self.speculative_tokens)
+        _ = self.adapters  # a malformed NAME=DIR fails here, before any model is loaded
         for origin in self.cors_origin or []:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise checks.OptionError("cors_origin", origin, "must be * or an origin like http://host:port")
+
+    @property
+    def served_name(self) -> str:
+        """The base model's id in the API."""
+        return self.model_name or DEFAULT_MODEL_NAME
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """``--adapter NAME=DIR`` as {NAME: DIR}, in the order given (the adapters' indices)."""
+        out: dict[str, str] = {}
+        for value in self.adapter or []:
+            name, sep, directory = value.partition("=") if isinstance(value, str) else ("", "", "")
+            if not sep or not name.strip() or not directory:
+                raise checks.OptionError("adapter", value, "must be NAME=DIR (a name for the API, an adapter "
+                                                           "folder)")
+            if name != name.strip():
+                raise checks.OptionError("adapter", value, "has spaces around its NAME")
+            if name == self.served_name:
+                raise checks.OptionError("adapter", value, f"names the base model ({self.served_name!r}): give the "
+                                                           f"adapter another NAME")
+            if name in out:
+                raise checks.OptionError("adapter", value, f"repeats the NAME {name!r}: each adapter needs its own")
+            out[name] = directory
+        return out
 
     @property
     def loopback_only(self) -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -106,7 +107,8 @@ class ServerState:
 
     def __init__(self, model: nn.Module, tokenizer: TextCodec, options: ServeOptions, dtype: str = "auto") -> None:
         self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
-        self.model_name = options.model_name or "tinygpt"
+        self.model_name = options.served_name
+        self.adapters = attach_served_adapters(model, options.adapters)  # the adapters' names, by index
         self.context = model.config.context_length
         self.vocab = model.config.vocab_size
         self.n_layers = len(model.trf_blocks)
@@ -156,10 +158,25 @@ class ServerState:
                            type="authentication_error", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server has {self.model_name!r}",
-                           param="model", code="model_not_found")
+    @property
+    def model_names(self) -> list[str]:
+        """Every id this server answers to: the base's, then each adapter's."""
+        return [self.model_name, *self.adapters]
+
+    def check_model(self, name: str | None) -> int:
+        """The adapter a request's ``model`` field picks: -1 for the base (or no field), else the adapter's index;
+        404 for a name the server does not have."""
+        if name is None or name == self.model_name:
+            return -1
+        if name in self.adapters:
+            return self.adapters.index(name)
+        have = ", ".join(repr(n) for n in self.model_names)
+        raise APIError(404, f"the model {name!r} does not exist; this server has {have}", param="model",
+                       code="model_not_found")
+
+    def served_name(self, adapter: int) -> str:
+        """The id an answer names: the base's, or its adapter's."""
+        return self.model_name if adapter < 0 else self.adapters[adapter]
 
     def encode(self, text: str, param: str, *, special: bool = False) -> list[int]:
         """Text -> ids (``special``: the end-of-text text becomes its id, as HF tokenizers and vLLM's /tokenize
@@ -195,8 +212,9 @@ class ServerState:
 
     # ------------------------------------------------------------------------------------------ work
     def submit(self, prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
-               logprobs: int | None, prompt_logprobs: bool) -> Choices:
-        """One engine row per (prompt, choice); all or none are queued (429 when the queue cannot take them)."""
+               logprobs: int | None, prompt_logprobs: bool, adapter: int = -1) -> Choices:
+        """One engine row per (prompt, choice), run with ``adapter`` (``check_model``'s); all or none are queued
+        (429 when the queue cannot take them)."""
         o = self.options
         rows = len(prompts) * sampling.n
         if rows > o.max_batch + o.max_queue:
@@ -218,7 +236,8 @@ class ServerState:
                     top_p=sampling.top_p, repetition_penalty=sampling.repetition_penalty, seed=seed, eos_id=eos_id,
                     overflow="error")
                 choices.requests.append(EngineRequest(
-                    ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs))
+                    ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
+                    adapter=adapter))
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:
@@ -281,6 +300,35 @@ class ServerState:
             except EngineStopped as err:
                 raise APIError(503, str(err)) from None
             return await future
+
+
+def attach_served_adapters(model: nn.Module, adapters: dict[str, str]) -> list[str]:
+    """Read each adapter folder ({NAME: DIR}, ``ServeOptions.adapters``) and attach them all to ``model``
+    (``multi_lora``); returns the names in index order. ``ValueError`` naming the adapter for a folder that is no
+    adapter, one of another base, or one trained on an NF4 base."""
+    if not adapters:
+        return []
+    from ..interop.peft import read_adapter
+    from ..multi_lora import attach_adapters
+
+    if getattr(model, "adapter_names", None) is not None:
+        raise ValueError("the model already has adapters attached")
+    parts = {}
+    for name, directory in adapters.items():
+        if not Path(directory).is_dir():
+            raise ValueError(f"--adapter {name}={directory}: no such folder")
+        try:
+            adapter = read_adapter(directory)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"--adapter {name}={directory}: {err}") from None
+        if adapter.model_config is not None and adapter.model_config != model.config:
+            raise ValueError(f"--adapter {name}={directory}: the adapter was trained on a model of another config "
+                             f"than the served one")
+        parts[name] = (adapter.config, adapter.state)
+    try:
+        return attach_adapters(model, parts)
+    except ValueError as err:
+        raise ValueError(f"--adapter: {err}") from None
 
 
 async def _disconnected(request: Request) -> None:
