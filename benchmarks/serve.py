@@ -190,7 +190,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
                 servers.add_tinygpt("spec-off", SRC, ["--speculative", "off"])
                 servers.add_tinygpt("spec-lookup", SRC, ["--speculative", "lookup"])
                 if draft:
-                    servers.add_tinygpt("spec-draft", SRC, ["--speculative", "off", "--draft", draft])
+                    servers.add_tinygpt("spec-draft", SRC, ["--draft", draft])
             servers.wait()
             warm_prompts = make_prompts(tokenizer, 4, lo, hi, offset=10_000)
             for key in servers.running:  # warm-up: the first calls of a process build kernels per shape

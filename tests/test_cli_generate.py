@@ -83,6 +83,31 @@ def test_bad_options_are_one_line_errors(char_model, capsys, args, fragment):
     assert code == 2 and err.count("\n") == 1 and fragment in err, err
 
 
+def test_a_draft_model_gives_the_same_greedy_text(char_model, capsys, tmp_path):
+    path, model, tokenizer = char_model
+    expected = _run(capsys, "--model", path, "--prompt", "the fox", "--max-new-tokens", "8", "--overflow", "error")
+    torch.manual_seed(4)
+    save_model(GPTModel(model.config).eval(), tmp_path / "draft", tokenizer=tokenizer)  # another random model
+    for draft in (path, str(tmp_path / "draft")):
+        for k in ([], ["--speculative-tokens", "2"]):
+            got = _run(capsys, "--model", path, "--prompt", "the fox", "--max-new-tokens", "8", "--overflow",
+                       "error", "--draft", draft, *k)
+            assert got == expected and expected[0] == 0
+
+
+def test_a_draft_model_must_share_the_tokenizer(char_model, capsys, tmp_path):
+    path, model, tokenizer = char_model
+    other = CharTokenizer(TEXT.replace("z", "Z"))  # as many characters, other ids
+    save_model(GPTModel(model.config).eval(), tmp_path / "ids", tokenizer=other)
+    code, _, err = _run(capsys, "--model", path, "--prompt", "the fox", "--draft", str(tmp_path / "ids"))
+    assert code == 2 and "splits text differently" in err and err.count("\n") == 1, err
+    save_model(GPTModel(model.config.replace(vocab_size=40)).eval(), tmp_path / "vocab")
+    code, _, err = _run(capsys, "--model", path, "--prompt", "the fox", "--draft", str(tmp_path / "vocab"))
+    assert code == 2 and f"vocab_size=40 differs from the target's vocab_size={model.config.vocab_size}" in err
+    code, _, err = _run(capsys, "--model", path, "--prompt", "the fox", "--draft", path, "--no-cache")
+    assert code == 2 and "--draft needs the cache" in err
+
+
 def test_shift_keep_chooses_how_much_the_shift_policy_keeps(char_model, capsys):
     from tinygpt import generate
 

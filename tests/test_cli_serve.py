@@ -33,6 +33,9 @@ def model_dir(tmp_path):
     (["--max-queue", "-1"], "--max-queue -1 must be an integer >= 0"),
     (["--port", "70000"], "--port 70000 must be an integer in [0, 65535]"),
     (["--api-key", " "], "--api-key must not be empty"),
+    (["--speculative", "draft"], "--speculative draft needs --draft MODEL: the model that drafts"),
+    (["--speculative", "lookup", "--draft", "x"], "--speculative lookup conflicts with --draft MODEL (drafts come "
+                                                  "from the model: --speculative draft)"),
 ])
 def test_bad_flags_are_one_line_errors(model_dir, capsys, flags, message):
     assert main(["serve", "--model", str(model_dir), *flags]) == 2
@@ -101,3 +104,14 @@ def test_the_server_process_finishes_in_flight_requests_on_sigterm_and_exits_0(m
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tmp_path, capsys):
+    from tinygpt import GPTModel
+
+    save_model(GPTModel(tiny_model(context_length=64).config.replace(vocab_size=tokenizer().vocab_size + 5)),
+               tmp_path / "d")
+    assert main(["serve", "--model", str(model_dir), "--draft", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"vocab_size={tokenizer().vocab_size + 5} differs from the target's " \
+        f"vocab_size={tokenizer().vocab_size}" in err, err

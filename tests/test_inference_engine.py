@@ -186,3 +186,89 @@ def test_speculative_sampled_rows_repeat_with_their_seed_whatever_their_neighbou
     mixed = generate(model, [prompt, [9, 9, 8], [1, 2, 3, 4, 5]], cfg, speculative_tokens=3,
                      token_budget=5).rows()[0]
     assert mixed == alone and len(alone) == 14
+
+
+def _draft_model(variant: str, seed: int, **fields):
+    """Another random tiny model (one layer)."""
+    torch.manual_seed(seed)
+    from tinygpt import GPTModel
+
+    return GPTModel(VARIANTS[variant].replace(n_layers=1, **fields)).to(torch.float64).eval()
+
+
+def _noisy_copy(target, context: int, noise: float = 0.3, seed: int = 7):
+    """A draft model that differs from the target: its weights plus noise (``noise`` x each tensor's std), a
+    shorter context. Its greedy drafts are right often enough to be accepted and wrong often enough to be rolled
+    back (two unrelated random models almost never agree)."""
+    from tinygpt import GPTModel
+
+    torch.manual_seed(seed)
+    draft = GPTModel(target.config.replace(context_length=context)).to(torch.float64).eval()
+    own = draft.state_dict()
+    state = {}
+    for name, value in target.state_dict().items():
+        value = value[:own[name].shape[0]] if value.shape != own[name].shape else value  # positions: the first C'
+        state[name] = value + noise * value.std() * torch.randn_like(value) if value.numel() > 1 else value
+    draft.load_state_dict(state)
+    return draft
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_draft_model_gives_greedy_rows_exactly_the_plain_greedy_tokens(variant):
+    """Drafts from another model (some accepted, many rolled back; a shorter context, so long rows show it only
+    their tail) and from the target itself (every draft accepted): the same tokens as plain greedy, under a
+    small budget that trims drafts and a slide past the context."""
+    model = variant_model(variant)
+    prompts = [[1, 2, 3, 4, 5, 6] * 3, [7, 8, 9] * 4 + [10], [11, 12, 13, 14]]
+    cfg = GenerationConfig(max_new_tokens=30)  # the first row slides past C = 40
+    plain = generate(model, prompts, cfg).rows()
+    other = _noisy_copy(model, context=24)
+    for draft, everything_accepted in ((other, False), (model, True)):
+        engine = InferenceEngine(model, max_rows=3, speculative_tokens=4, draft_model=draft, token_budget=7)
+        rows = [engine.add(Row(p, cfg)) for p in prompts]
+        engine.run_until_done()
+        assert [r.tokens[r.prompt_len:] for r in rows] == plain
+        accepted, drafted = sum(r.accepted for r in rows), sum(r.drafted for r in rows)
+        if everything_accepted:
+            assert accepted == drafted > 30
+        else:
+            assert 0 < accepted < drafted
+        assert len(engine.drafts) == 0 and engine.blocks.all_free()  # every row gave its draft cache back
+        assert generate(model, prompts, cfg, draft_model=draft).rows() == plain
+
+
+def test_drafting_turns_itself_off_for_a_row_whose_draft_model_is_always_wrong():
+    model = variant_model("gpt2")
+    draft = _draft_model("gpt2", seed=1)
+    with torch.no_grad():
+        draft.out_head.weight.zero_()
+        draft.out_head.weight[0, 0] = 1.0  # the draft's argmax is always token 0 or 1 ...
+    prompt = [11, 12, 13, 14]
+    cfg = GenerationConfig(max_new_tokens=30)
+    plain = generate(model, [prompt], cfg).rows()[0]
+    assert plain.count(0) + plain.count(1) <= 2  # ... which the target hardly ever writes
+    engine = InferenceEngine(model, max_rows=1, speculative_tokens=4, draft_model=draft)
+    row = engine.add(Row(prompt, cfg))
+    engine.run_until_done()
+    assert row.tokens[row.prompt_len:] == plain
+    assert row.drafted <= 10 and row.drafter.paused + row.drafter.pause > 16  # paused, not 4 per step
+
+
+def test_sampled_rows_with_a_draft_model_repeat_with_their_seed_whatever_their_neighbours():
+    model = variant_model("gqa")
+    draft = _draft_model("gqa", seed=2)
+    prompt = [1, 2, 3, 4] * 4
+    cfg = GenerationConfig(max_new_tokens=14, seed=5, speculative_tokens=3, **SAMPLED)
+    alone = generate(model, [prompt], cfg, draft_model=draft).rows()[0]
+    mixed = generate(model, [prompt, [9, 9, 8], [1, 2, 3, 4, 5]], cfg, token_budget=5, draft_model=draft).rows()[0]
+    assert mixed == alone and len(alone) == 14
+
+
+def test_a_draft_model_must_share_the_vocabulary():
+    model = variant_model("gpt2")
+    with pytest.raises(ValueError, match="vocab_size=60 differs from the target's vocab_size=53"):
+        InferenceEngine(model, speculative_tokens=4, draft_model=_draft_model("gpt2", seed=1, vocab_size=60))
+    with pytest.raises(ValueError, match="speculative_tokens >= 1"):
+        InferenceEngine(model, draft_model=_draft_model("gpt2", seed=1))
+    with pytest.raises(ValueError, match="vocab_size=60 differs"):
+        generate(model, [[1, 2]], max_new_tokens=2, draft_model=_draft_model("gpt2", seed=1, vocab_size=60))

@@ -262,3 +262,40 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(server, model):
     finally:
         hook.remove()
     assert engine.steps - steps < 90  # dropped, not decoded on to max_tokens
+
+
+def _drafts(usage):
+    details = usage.completion_tokens_details
+    return None if details is None else (details.accepted_prediction_tokens, details.rejected_prediction_tokens)
+
+
+def test_usage_reports_the_drafts_accepted_and_rejected_when_the_server_drafts(client):
+    """OpenAI's ``usage.completion_tokens_details.accepted/rejected_prediction_tokens`` from the engine's draft
+    counts, in completions and chat, whole and in the streamed usage chunk; a server that does not draft (the
+    module's) reports no details. Drafts by the target itself are all accepted, another model's are not; the text
+    is the offline greedy one either way."""
+    model = tiny_model(context_length=128)
+    ids = tokenizer().encode(PROMPT)
+    expected = tokenizer().decode(offline(model, ids, 16))
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+    assert plain.usage.completion_tokens_details is None
+    messages = [{"role": "user", "content": "Name a colour."}]
+    for draft in (model, tiny_model(context_length=128, seed=1)):
+        with live_server(model, max_batch=2, draft_model=draft, speculative_tokens=3) as server:
+            c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            whole = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+            assert whole.choices[0].text == expected
+            accepted, rejected = _drafts(whole.usage)
+            if draft is model:
+                assert accepted > 0 and rejected == 0
+            else:
+                assert rejected > 0
+            chunks = list(c.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
+                                               stream=True, stream_options={"include_usage": True}))
+            assert _drafts(chunks[-1].usage) == (accepted, rejected)
+            chat = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+            streamed = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True}))
+            assert sum(_drafts(chat.usage)) > 0 and _drafts(streamed[-1].usage) == _drafts(chat.usage)
+            engine = server.app.state.tinygpt.engine.core
+            assert engine.drafts is not None and len(engine.drafts) == 0  # each finished row gave its cache back

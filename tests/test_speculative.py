@@ -388,14 +388,17 @@ def test_drafts_at_the_end_of_the_context_change_nothing(overflow):
 
 @needs_engine
 @pytest.mark.slow
-def test_generate_sampling_with_drafts_follows_the_models_distribution():
-    """Sampled rows that verify drafts (``accept_sampled``) must keep the model's distribution: 2,000 seeded rows
-    of 3 new tokens against the exact probabilities of the 27 continuations."""
+@pytest.mark.parametrize("drafts", ["lookup", "draft-model"])
+def test_generate_sampling_with_drafts_follows_the_models_distribution(drafts):
+    """Sampled rows that verify drafts (``accept_sampled``: prompt lookup's, or a draft model's greedy ones) must
+    keep the model's distribution: 2,000 seeded rows of 3 new tokens against the exact probabilities of the 27
+    continuations."""
     model = _model(TINY3, seed=5)
+    draft_model = _model(TINY3, seed=6) if drafts == "draft-model" else None
     exact = _exact_continuations(model, PROMPT3, 0.9)
     counts: dict = {}
     for seed in (0, 1000, 2000, 3000):  # row i of a batch draws with seed + i: no row repeats another's seed
         for row in generate(model, [PROMPT3] * 500, max_new_tokens=3, temperature=0.9, seed=seed,
-                            speculative_tokens=2).rows():
+                            speculative_tokens=2, draft_model=draft_model).rows():
             counts[tuple(row)] = counts.get(tuple(row), 0) + 1
     assert _chi_square(counts, exact, 2000) < _chi_square_critical(26)

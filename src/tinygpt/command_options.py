@@ -62,3 +62,7 @@ class GenerateOptions(ChatOptions):
                                      group="prompt")
     stream: bool = option(True, "print the text as it is generated (default) or all at the end",
                           both_ways=True)
+    draft: str | None = option(None, "a small model sharing --model's tokenizer that drafts for it (speculative "
+                                     "decoding: --speculative-tokens K per step, default 4; the same text for "
+                                     "greedy decoding, the same distribution when sampling)",
+                               metavar="DIR|HUBNAME")

@@ -31,8 +31,10 @@ from torch import nn
 from . import checks
 from .inference.engine import DEFAULT_BLOCK_SIZE, InferenceEngine
 from .inference.row import Row
+from .inference.speculative import check_draft_model
 
 OVERFLOW_POLICIES = ("slide", "shift", "error")
+DEFAULT_DRAFT_TOKENS = 4  # draft tokens per step with a draft model when speculative_tokens is 0 (= serve's default)
 
 # The sampling ranges where float32 (and bf16) arithmetic stays meaningful: a logit is scaled by at most
 # 1e6 (penalty) x 1e5 (1 / temperature), so any logit below 1e27 stays finite; top_p stays a normal float32 (below
@@ -95,8 +97,9 @@ class GenerationConfig:
     rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
     recomputes the whole window at each step (same policy, same tokens up to float rounding).
     ``token_budget``: at most this many tokens per forward (prompts are then prefilled in chunks; unset: each
-    prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k prompt-lookup draft tokens per
-    forward (greedy: the same tokens; sampled: the same distribution; fewer forwards on text that repeats itself).
+    prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k draft tokens per forward
+    (greedy: the same tokens; sampled: the same distribution; fewer forwards when the drafts are right): drafts by
+    prompt lookup (the text's own n-grams), or by the ``draft_model`` given to ``generate`` / ``stream``.
     """
 
     max_new_tokens: int = 64
@@ -219,26 +222,35 @@ def stream(
     config: GenerationConfig | None = None,
     *,
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
     **overrides: Any,
 ) -> Iterator[list[int | None]]:
     """Yield, at every step, the new token of each row (``None`` for rows that already finished).
 
     prompts: [T] or [B, T] ids, or a list of B id lists of any lengths. Settings come from ``config`` and
-    ``overrides`` (``GenerationConfig`` fields). Everything is checked before the first step; the model is in
-    eval mode while the iterator runs and goes back to its mode when it ends or is closed.
+    ``overrides`` (``GenerationConfig`` fields). ``draft_model``: a small model sharing the tokenizer that drafts
+    ``speculative_tokens`` tokens per step (``DEFAULT_DRAFT_TOKENS`` when that is 0) instead of prompt lookup; the
+    same tokens for greedy rows, the same distribution for sampled ones. Everything is checked before the first
+    step; the model is in eval mode while the iterator runs and goes back to its mode when it ends or is closed.
     """
-    rows, cfg = _prepare(model, prompts, config, generator, overrides)
-    return _steps(model, rows, cfg, generator)
+    rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
+    return _steps(model, rows, cfg, generator, draft_model=draft_model)
 
 
 def _prepare(
     model: nn.Module, prompts: object, config: GenerationConfig | None, generator: torch.Generator | None,
-    overrides: dict[str, Any],
+    overrides: dict[str, Any], draft_model: nn.Module | None = None,
 ) -> tuple[list[list[int]], GenerationConfig]:
-    """Every check, before any work: settings, prompts, their fit in the context, the generator."""
+    """Every check, before any work: settings, prompts, their fit in the context, the generator, the draft."""
     if config is not None and not isinstance(config, GenerationConfig):
         raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}")
     cfg = (config or GenerationConfig()).replace(**overrides)
+    if draft_model is not None:
+        check_draft_model(model, draft_model)
+        if not cfg.use_cache:
+            raise ValueError("a draft_model needs use_cache=True (drafts are verified against the cache)")
+        if cfg.speculative_tokens == 0:
+            cfg = cfg.replace(speculative_tokens=DEFAULT_DRAFT_TOKENS)
     rows = _prompt_rows(prompts, model.config.vocab_size)
     _check_for_model(cfg, rows, model.config.vocab_size, model.config.context_length)
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -251,7 +263,7 @@ def _prepare(
 
 def _steps(
     model: nn.Module, prompts: list[list[int]], cfg: GenerationConfig, generator: torch.Generator | None,
-    finish_reasons: list[str] | None = None,
+    finish_reasons: list[str] | None = None, draft_model: nn.Module | None = None,
 ) -> Iterator[list[int | None]]:
     """The inference engine on the batch: one row per prompt, each at its own positions in one paged cache.
 
@@ -272,7 +284,7 @@ def _steps(
         with torch.inference_mode():
             engine = InferenceEngine(model, max_rows=len(prompts), token_budget=cfg.token_budget,
                                      cache_tokens=len(prompts) * blocks * DEFAULT_BLOCK_SIZE,
-                                     speculative_tokens=cfg.speculative_tokens)
+                                     speculative_tokens=cfg.speculative_tokens, draft_model=draft_model)
             rows = []
             for i, prompt in enumerate(prompts):
                 own = generator
@@ -307,16 +319,17 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate for a batch of prompts; returns the new tokens of every row. Arguments as for ``stream``.
 
     >>> generate(model, [[1, 2, 3], [4]], max_new_tokens=5).rows()  # doctest: +SKIP
     """
-    rows, cfg = _prepare(model, prompts, config, generator, overrides)
+    rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
     reasons = ["length"] * len(rows)
     per_row: list[list[int]] = [[] for _ in rows]
-    for step in _steps(model, rows, cfg, generator, reasons):
+    for step in _steps(model, rows, cfg, generator, reasons, draft_model):
         for i, tok in enumerate(step):
             if tok is not None:
                 per_row[i].append(tok)

@@ -128,12 +128,14 @@ def stream_text(
     *,
     stop_texts: Sequence[str] = (),
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
     **overrides: Any,
 ) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as text pieces, as soon as they are final (``TextStreamer``).
 
     Characters split across BPE tokens come out whole. Stops before the first occurrence of any of ``stop_texts``
     (not shown) or at the tokenizer's ``eot_id`` (used as ``eos_id`` when the config sets none; not shown).
+    ``draft_model``: as for ``generation.stream`` (speculative decoding with a small model).
     """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -147,7 +149,7 @@ def stream_text(
     eot = getattr(tokenizer, "eot_id", None)
     if cfg.eos_id is None and eot is not None:
         cfg = cfg.replace(eos_id=eot)
-    steps = stream(model, [ids], cfg, generator=generator)
+    steps = stream(model, [ids], cfg, generator=generator, draft_model=draft_model)
     return _text_pieces(steps, tokenizer, cfg.eos_id, list(stop_texts))
 
 
@@ -179,8 +181,9 @@ def generate_text(
     *,
     stop_texts: Sequence[str] = (),
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
     **overrides: Any,
 ) -> str:
     """The continuation of ``prompt`` as one string (``stream_text`` joined)."""
     return "".join(stream_text(model, tokenizer, prompt, config, stop_texts=stop_texts, generator=generator,
-                               **overrides))
+                               draft_model=draft_model, **overrides))

@@ -149,9 +149,9 @@ GENERATION_FLAGS: dict[str, dict[str, Any]] = {
     "use_cache": dict(help="recompute the whole window at every step (same text, much slower)", flag="--no-cache"),
     "token_budget": dict(help="tokens per forward over all rows: decodes first, then chunks of the prompts",
                          metavar="N", default_help="all of every prompt at once"),
-    "speculative_tokens": dict(help="prompt-lookup speculative decoding: draft up to K tokens from the text's own "
-                                    "n-grams, verified in one forward (greedy: the same tokens; sampled: the same "
-                                    "distribution); 0 = off", metavar="K"),
+    "speculative_tokens": dict(help="speculative decoding: draft up to K tokens (from the text's own n-grams, or "
+                                    "with --draft's model), verified in one forward (greedy: the same tokens; "
+                                    "sampled: the same distribution); 0 = off (with --draft: 4)", metavar="K"),
 }
 _SET_BY_THE_COMMAND = ("eos_id", "pad_id", "stop")  # the tokenizer's ids; --stop is text, not token ids
 _GIVEN_OR_NOT = {"top_p": 1.0, "repetition_penalty": 1.0}  # None on the command line = this

@@ -106,7 +106,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def _run_generate(args: argparse.Namespace) -> int:
     from ..command_options import GenerateOptions
     from ..devices import autocast, resolve_device
-    from ..interop.pretrained import load_pretrained
+    from ..interop.pretrained import load_draft, load_pretrained
     from ..text_stream import stream_text
 
     options = options_from_args(GenerateOptions, args)
@@ -125,7 +125,12 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
-    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=options.stop)
+    draft = None
+    if options.draft is not None:
+        if not settings.use_cache:
+            raise CommandError("--draft needs the cache (drop --no-cache): drafts are verified against it")
+        draft = load_draft(options.draft, model, tokenizer, device=device)
+    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=options.stop, draft_model=draft)
     with autocast(device, options.dtype):
         if not options.stream:
             print(prompt + "".join(pieces))

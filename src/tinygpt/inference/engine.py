@@ -1,6 +1,6 @@
 """The loop that ties the core together: add rows, ``step`` until they are done.
 
-Each ``step`` applies the context policy to rows that outgrew the context, proposes drafts for greedy rows when
+Each ``step`` applies the context policy to rows that outgrew the context, proposes drafts for generation rows when
 speculative decoding is on, asks the scheduler for a plan, runs one forward, and then advances each row on its own:
 a row whose sampling, draft check or scoring raises finishes alone with reason "error" (``Row.error`` says why);
 every other row goes on. If the batched forward itself raises, each planned row is run alone once, so only the rows
@@ -24,7 +24,7 @@ from ..kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager, prefix_root
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify
-from .speculative import DraftController
+from .speculative import DraftController, DraftModels, check_draft_model
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
@@ -51,15 +51,16 @@ class InferenceEngine:
     ``max_rows``: rows in the running batch. ``token_budget``: tokens per forward (None: no limit, every prompt is
     prefilled in one piece); ``chunk_per_decode``: while rows decode, prompt tokens per step at most this many per
     decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
-    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default): rows
-    feed up to k draft tokens with their last token and keep what the model's verification accepts (a per-row
-    ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
+    context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
+    ``draft_model`` (a small model sharing the tokenizer, ``speculative.DraftModels``: greedy drafts, a cache per
+    row): rows feed up to k draft tokens with their last token and keep what the model's verification accepts (a
+    per-row ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
                  cache_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, prefix_reuse: bool = True,
                  speculative_tokens: int = 0, proposer: Proposer | None = None,
-                 chunk_per_decode: int | None = None) -> None:
+                 draft_model: nn.Module | None = None, chunk_per_decode: int | None = None) -> None:
         for name, value in (("max_rows", max_rows), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -85,7 +86,15 @@ class InferenceEngine:
         if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
             raise ValueError(f"speculative_tokens={speculative_tokens!r} must be an integer >= 0")
         self.speculative_tokens = speculative_tokens
-        if proposer is None and speculative_tokens:
+        self.drafts: DraftModels | None = None
+        if draft_model is not None:
+            if proposer is not None:
+                raise ValueError("give a proposer or a draft_model, not both")
+            check_draft_model(model, draft_model)
+            if not speculative_tokens:
+                raise ValueError("a draft_model needs speculative_tokens >= 1 (the draft tokens per forward)")
+            self.drafts = DraftModels(draft_model)
+        elif proposer is None and speculative_tokens:
             from .speculative import propose_lookup as proposer  # prompt lookup: n-grams of the row's own tokens
         self.proposer = proposer
         self.steps = 0
@@ -133,7 +142,7 @@ class InferenceEngine:
         """Drop a row now (its blocks are free at once)."""
         if not row.finished:
             row.finish_reason = "cancelled"
-        self.scheduler.remove(row)
+        self._remove(row)
 
     @property
     def has_work(self) -> bool:
@@ -174,7 +183,9 @@ class InferenceEngine:
                         self.context - row.window_length)
                 if k > 0:
                     try:
-                        row.draft = [int(t) for t in self.proposer(row.window, k)][:k]
+                        draft = (self.drafts.propose(row.id, row.window, k) if self.drafts is not None
+                                 else self.proposer(row.window, k))
+                        row.draft = [int(t) for t in draft][:k]
                     except Exception:  # a draft is only a guess: without one the row decodes as usual
                         traceback.print_exc(file=sys.stderr)
         plan = self.scheduler.schedule()
@@ -210,7 +221,7 @@ class InferenceEngine:
             if row.finish_reason != "error":  # its computed full blocks serve later rows (the next turn of a chat)
                 self.blocks.register(row.table, row.window, row.computed, row.hashes, prefix_root(row.adapter))
             if row.finished:
-                self.scheduler.remove(row)
+                self._remove(row)
             elif row.config is not None and not row.config.use_cache and row.pending == 1:
                 self.scheduler.requeue(row)  # no cache: the whole window again at the next step
         return outputs
@@ -237,6 +248,8 @@ class InferenceEngine:
             row.drafted += len(row.draft)
             row.accepted += len(tokens) - 1
             row.drafter.update(len(row.draft), len(tokens) - 1)
+            if self.drafts is not None:
+                self.drafts.accept(row.id, len(tokens) - 1)
             row.computed += len(tokens)  # the fed last token and the accepted drafts; the final token is new
             kept = logits[:len(tokens)]
         else:
@@ -274,6 +287,11 @@ class InferenceEngine:
         return RowOutput(row)
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _remove(self, row: Row) -> None:
+        self.scheduler.remove(row)
+        if self.drafts is not None:
+            self.drafts.release(row.id)
+
     def run_until_done(self) -> None:
         while self.has_work:
             self.step()

@@ -104,7 +104,7 @@ class DraftModel:
     """
 
     def __init__(self, model: nn.Module, *, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float = 1.0, generator: torch.Generator | None = None) -> None:
+                 top_p: float = 1.0, generator: torch.Generator | None = None, cache: KVCache | None = None) -> None:
         checks.non_negative_number("temperature", temperature, note="(0 means greedy)")
         checks.positive_int("top_k", top_k, optional=True, note="(unset: no top-k filter)")
         checks.number_in_range("top_p", top_p, 0, 1, low_open=True, note="(1 means no nucleus filter)")
@@ -112,7 +112,8 @@ class DraftModel:
         self.settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=1.0, seen=None)
         self.generator = generator
         param = next(model.parameters())
-        self.cache = KVCache(model.config, 1, dtype=param.dtype, device=param.device)
+        # ``cache``: a spare one-row cache of this model to reuse (its old contents are simply overwritten)
+        self.cache = cache if cache is not None else KVCache(model.config, 1, dtype=param.dtype, device=param.device)
         self.device = param.device
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
         self._base = 0  # len(cached) before the last proposal's drafts were fed
@@ -165,6 +166,61 @@ class DraftModel:
         """The target kept ``accepted`` of the last drafts: forget the keys/values of the rejected ones."""
         checks.non_negative_int("accepted", accepted)
         self.cached = self.cached[:self._base + accepted]
+
+
+def check_draft_model(target: nn.Module, draft: nn.Module) -> None:
+    """A draft model must share the target's tokenizer: at least its vocabulary size (``ValueError`` naming both)."""
+    for name, model in (("the target", target), ("the draft model", draft)):
+        if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"{name} must be a tinygpt model (an nn.Module with a config), got {type(model).__name__}")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"the draft model's vocab_size={draft.config.vocab_size} differs from the target's "
+                         f"vocab_size={target.config.vocab_size}: they must share the tokenizer (the draft proposes "
+                         f"the target's token ids)")
+
+
+class DraftModels:
+    """A small model drafting for every row of the engine: one greedy ``DraftModel`` state per row.
+
+    Each row keeps its own one-row ``KVCache`` of the draft model between steps, so a step feeds the draft only
+    what the row accepted since (plus its k draft tokens, one forward each); a row that leaves gives its cache
+    back for the next row (``release``). Drafts are always the draft model's argmax (q one-hot), for sampled rows
+    too: a sampled draft would spend the row's random draws before the scheduler decides whether the row runs
+    this step, and a seeded row must repeat its text whatever its neighbours. A row longer than the draft's
+    context shows the draft only its last ``context - k`` tokens (recomputed at each step once the tail moves).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.context = model.config.context_length
+        self._rows: dict[Any, DraftModel] = {}
+        self._spare: list[KVCache] = []
+
+    def propose(self, key: Any, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` greedy draft tokens after ``tokens`` (the row's window) for the row ``key``."""
+        checks.positive_int("k", k)
+        drafter = self._rows.get(key)
+        if drafter is None:
+            drafter = DraftModel(self.model, cache=self._spare.pop() if self._spare else None)
+            self._rows[key] = drafter
+        tokens = list(tokens)[-max(1, self.context - k):]
+        drafts, _ = drafter.propose(tokens, k)
+        return drafts
+
+    def accept(self, key: Any, accepted: int) -> None:
+        """The row's target kept ``accepted`` of the last drafts."""
+        if key in self._rows:
+            self._rows[key].accept(accepted)
+
+    def release(self, key: Any) -> None:
+        """The row left: its cache is free for another row."""
+        drafter = self._rows.pop(key, None)
+        if drafter is not None:
+            self._spare.append(drafter.cache)
+
+    def __len__(self) -> int:
+        """Rows holding a draft state now."""
+        return len(self._rows)
 
 
 @dataclass
@@ -371,9 +427,8 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
     elif not isinstance(draft, DraftModel):
         raise TypeError(f"draft must be one of {', '.join(SPECULATIVE_DRAFTS)} or a DraftModel, "
                         f"got {type(draft).__name__}")
-    elif draft.model.config.vocab_size != model.config.vocab_size:
-        raise ValueError(f"the draft model's vocab_size={draft.model.config.vocab_size} differs from the target's "
-                         f"{model.config.vocab_size}: they must share the tokenizer")
+    else:
+        check_draft_model(model, draft.model)
     seq = [int(t) for t in prompt]
     vocab, context = model.config.vocab_size, model.config.context_length
     if not seq or any(not 0 <= t < vocab for t in seq):

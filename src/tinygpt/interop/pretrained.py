@@ -78,6 +78,49 @@ def load_pretrained(
     return model, tokenizer
 
 
+# Text whose ids two tokenizers must agree on for one model to draft for another (letters, digits, punctuation,
+# spaces, a newline, accents and an emoji: each kind of piece a byte-level BPE splits differently)
+_TOKENIZER_PROBE = "Hello, World! 42 tokens:\n  def f(x): return x * 3.14  # café naïve 😀"
+
+
+def _same_ids(a: Tokenizer, b: Tokenizer, text: str) -> bool | None:
+    """Whether ``b`` gives ``text`` the ids ``a`` gives it (None: ``a`` cannot encode it, no verdict; False when
+    only ``b`` cannot)."""
+    try:
+        ids = list(a.encode(text))
+    except ValueError:
+        return None
+    try:
+        return list(b.encode(text)) == ids
+    except ValueError:
+        return False
+
+
+def load_draft(source: str | Path, model: torch.nn.Module, tokenizer: Tokenizer | None, *,
+               device: str | torch.device = "cpu") -> GPTModel:
+    """A small model to draft for ``model`` (speculative decoding, ``--draft``), loaded as ``load_pretrained``
+    loads any model. It must share the tokenizer: the same vocabulary size, and where both have a tokenizer, the
+    same ids for a probe text and for the text of the model's first tokens; otherwise a ``ValueError`` says which
+    differs."""
+    from ..inference.speculative import check_draft_model
+
+    draft, own = load_pretrained(source, device=device)
+    try:
+        check_draft_model(model, draft)
+    except ValueError as err:
+        raise ValueError(f"the draft model {source}: {err}") from None
+    if own is not None and tokenizer is not None:
+        texts = [_TOKENIZER_PROBE]
+        try:
+            texts.append(tokenizer.decode(list(range(min(model.config.vocab_size, 256)))))
+        except (ValueError, KeyError, IndexError):
+            pass
+        if any(_same_ids(tokenizer, own, text) is False for text in texts):
+            raise ValueError(f"the draft model {source} has a tokenizer that splits text differently from the "
+                             f"model's: they must share the tokenizer")
+    return draft
+
+
 def load_adapted(adapter: str | Path, *, base: str | Path | None = None, tokenizer_dir: str | Path | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None, quantize: str | None = None
                  ) -> tuple[GPTModel, Tokenizer | None]:

@@ -41,7 +41,7 @@ from .protocol import (
     MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
     parse_json, parse_tokenize,
 )
-from .state import Choices, ServerState, finish_error
+from .state import Choices, ServerState, Usage, finish_error
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -56,9 +56,9 @@ async def _body(request: Request) -> dict[str, Any]:
     return await asyncio.to_thread(parse_json, await request.body())
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(state: ServerState, prompt_tokens: int, usage: Usage) -> dict[str, Any]:
+    """OpenAI's ``usage``; ``completion_tokens_details`` (the drafts accepted / rejected) when the server drafts."""
+    return usage.to_dict(prompt_tokens, drafts=state.speculative != "off")
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -131,7 +131,7 @@ async def completions(request: Request) -> Response:
                 for index in range(len(choices.requests)):
                     yield _sse(chunk(index, prompt_texts[index // n]))
                     offsets[index] = len(prompt_texts[index // n])
-            completion_tokens = 0
+            usage = Usage()
             async for index, event in choices.events():
                 if isinstance(event, PromptLogprobs):
                     text = prompt_texts[index // n]
@@ -150,12 +150,12 @@ async def completions(request: Request) -> Response:
                     if error is not None:
                         yield _sse(error.body())
                         break
-                    completion_tokens += event.completion_tokens
+                    usage.add(event)
                     yield _sse(chunk(index, event.text, None, event.reason))
             else:
                 if sampling.include_usage:
                     yield _sse({"id": rid, "object": "text_completion", "created": now, "model": served,
-                                "choices": [], "usage": _usage(n_prompt, completion_tokens)})
+                                "choices": [], "usage": _usage(state, n_prompt, usage)})
             yield _sse("[DONE]")
 
         return _EventStream(state, choices, chunks())
@@ -163,7 +163,7 @@ async def completions(request: Request) -> Response:
     answer = await state.answer(request, choices)
     if answer is None:
         return _gone()
-    texts, tokens, reasons, completion_tokens = answer
+    texts, tokens, reasons, usage = answer
     out = []
     for index, text in enumerate(texts):
         prefix = prompt_texts[index // n] if req.echo else ""
@@ -172,7 +172,7 @@ async def completions(request: Request) -> Response:
             logprobs = _completion_logprobs(state, tokens[index], 0)
         out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
     return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": served,
-                         "choices": out, "usage": _usage(n_prompt, completion_tokens)})
+                         "choices": out, "usage": _usage(state, n_prompt, usage)})
 
 
 # ------------------------------------------------------------------------------------- /v1/chat/completions
@@ -207,7 +207,7 @@ async def chat_completions(request: Request) -> Response:
         async def chunks() -> AsyncIterator[str]:
             for index in range(sampling.n):
                 yield _sse(chunk(index, {"role": "assistant", "content": ""}))
-            completion_tokens = 0
+            usage = Usage()
             async for index, event in choices.events():
                 if isinstance(event, Step):
                     if not event.text and req.logprobs is None:
@@ -219,14 +219,15 @@ async def chat_completions(request: Request) -> Response:
                     if error is not None:
                         yield _sse(error.body())
                         break
-                    completion_tokens += event.completion_tokens
+                    usage.add(event)
                     if event.text:
                         yield _sse(chunk(index, {"content": event.text}))
                     yield _sse(chunk(index, {}, None, event.reason))
             else:
                 if sampling.include_usage:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now,
-                                "model": served, "choices": [], "usage": _usage(len(ids), completion_tokens)})
+                                "model": served, "choices": [],
+                                "usage": _usage(state, len(ids), usage)})
             yield _sse("[DONE]")
 
         return _EventStream(state, choices, chunks())
@@ -234,12 +235,12 @@ async def chat_completions(request: Request) -> Response:
     answer = await state.answer(request, choices)
     if answer is None:
         return _gone()
-    texts, tokens, reasons, completion_tokens = answer
+    texts, tokens, reasons, usage = answer
     out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
             "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t) for t in tokens[i]]},
             "finish_reason": reasons[i]} for i in range(sampling.n)]
     return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": served,
-                         "choices": out, "usage": _usage(len(ids), completion_tokens)})
+                         "choices": out, "usage": _usage(state, len(ids), usage)})
 
 
 # ------------------------------------------------------------------------------------------ the rest
@@ -367,13 +368,13 @@ ROUTES = [
 
 
 def create_app(model: nn.Module, tokenizer: TextCodec, options: ServeOptions | None = None, *, dtype: str = "auto",
-               **settings: Any) -> Starlette:
+               draft_model: nn.Module | None = None, **settings: Any) -> Starlette:
     """The server for one model: ``ROUTES`` over one ``ServerState``. ``options`` (or ``settings``, its fields:
     ``max_batch``, ``max_queue``, ``api_key``, ...) as ``tinygpt serve``'s flags; ``dtype`` means what every
     command's ``--dtype`` means (``tinygpt.devices``). The engine thread starts with the app's lifespan and stops
     with it; ``app.state.tinygpt`` is the state."""
     options = options if options is not None else ServeOptions(**settings)
-    state = ServerState(model, tokenizer, options, dtype)
+    state = ServerState(model, tokenizer, options, dtype, draft_model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -18,6 +18,7 @@ from ..checks import option
 
 API_KEY_ENV = "TINYGPT_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+SPECULATIVE = ("off", "lookup", "draft")
 # Descriptors kept for everything but client connections (model files, logs) and for an accept burst: asyncio
 # accepts up to the listen backlog (``serving.server.ACCEPT_BACKLOG`` = 64) at once, before a connection past the
 # limit can be closed, so the limit keeps three bursts' worth free.
@@ -92,11 +93,15 @@ class ServeOptions:
                                       default_help="--max-batch x the context")
     prefix_cache: bool = option(True, "reuse the cached keys/values of a prompt's prefix (a shared system prompt, "
                                       "the previous turns of a chat)")
-    speculative: str = option("off", "lookup: prompt-lookup speculative decoding (drafts copied from the row's own "
-                                     "text, verified in one forward; the same tokens for greedy rows, the same "
-                                     "distribution for sampled ones)", choices=("off", "lookup"))
-    speculative_tokens: int = option(4, "draft tokens verified per forward at most, with --speculative lookup",
-                                     metavar="K")
+    speculative: str = option("off", "speculative decoding, drafts verified in one forward (the same tokens for "
+                                     "greedy rows, the same distribution for sampled ones): lookup = drafts copied "
+                                     "from the row's own text; draft = drafts from --draft's model (which implies "
+                                     "it)", choices=SPECULATIVE)
+    speculative_tokens: int = option(4, "draft tokens verified per forward at most, with --speculative lookup or "
+                                        "--draft", metavar="K")
+    draft: str | None = option(None, "a small model sharing --model's tokenizer that drafts for it (greedy "
+                                     "drafts, a small cache per row); implies --speculative draft",
+                               metavar="DIR|HUBNAME")
 
     def __post_init__(self) -> None:
         checks.int_in_range("port", self.port, 0, 65535)
@@ -117,7 +122,14 @@ class ServeOptions:
         checks.int_in_range("token_budget", self.token_budget, self.max_batch, None, optional=True,
                             note="(--max-batch: every running row decodes at every step)")
         checks.positive_int("cache_tokens", self.cache_tokens, optional=True)
-        checks.choice("speculative", self.speculative, ("off", "lookup"))
+        checks.choice("speculative", self.speculative, SPECULATIVE)
+        if self.draft is not None and self.speculative == "off":
+            self.speculative = "draft"  # --draft MODEL alone turns drafting on (off is also the default)
+        if self.draft is not None and self.speculative != "draft":
+            raise checks.OptionError("speculative", self.speculative, "conflicts with --draft MODEL (drafts come "
+                                                                        "from the model: --speculative draft)")
+        if self.speculative == "draft" and self.draft is None:
+            raise checks.OptionError("speculative", self.speculative, "needs --draft MODEL: the model that drafts")
         checks.positive_int("speculative_tokens", self.speculative_tokens)
         _ = self.adapters  # a malformed NAME=DIR fails here, before any model is loaded
         for origin in self.cors_origin or []:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from torch import nn
 
 from ..generation import GenerationConfig
+from ..inference.speculative import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
@@ -81,11 +83,11 @@ class Choices:
         self.cancel()
         self.queue.put_nowait((-1, Finish("cancelled", message=message)))
 
-    async def gather(self) -> tuple[list[str], list[list[TokenInfo]], list[str], int]:
+    async def gather(self) -> tuple[list[str], list[list[TokenInfo]], list[str], "Usage"]:
         """Every choice's whole answer: (texts, tokens with the prompt's first when asked, finish reasons, the
-        completion tokens of all); a cancelled or failed row raises its ``APIError``."""
+        completion tokens and drafts of all); a cancelled or failed row raises its ``APIError``."""
         count = len(self.requests)
-        texts, tokens, reasons, completion_tokens = [""] * count, [[] for _ in range(count)], [""] * count, 0
+        texts, tokens, reasons, usage = [""] * count, [[] for _ in range(count)], [""] * count, Usage()
         async for index, event in self.events():
             if isinstance(event, PromptLogprobs):
                 tokens[index] = event.tokens + tokens[index]
@@ -98,17 +100,45 @@ class Choices:
                     raise error
                 texts[index] += event.text
                 reasons[index] = event.reason
-                completion_tokens += event.completion_tokens
-        return texts, tokens, reasons, completion_tokens
+                usage.add(event)
+        return texts, tokens, reasons, usage
+
+
+@dataclass
+class Usage:
+    """A response's counts over its choices: completion tokens, and the draft tokens speculative decoding kept and
+    threw away (OpenAI's ``completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens``,
+    its names for a predicted output's tokens that were / were not used)."""
+
+    completion_tokens: int = 0
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+
+    def add(self, finish: Finish) -> None:
+        self.completion_tokens += finish.completion_tokens
+        self.accepted_drafts += finish.accepted_drafts
+        self.rejected_drafts += finish.rejected_drafts
+
+    def to_dict(self, prompt_tokens: int, drafts: bool) -> dict[str, Any]:
+        """The ``usage`` object; with ``drafts`` (the server drafts) its ``completion_tokens_details`` too."""
+        out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
+                               "total_tokens": prompt_tokens + self.completion_tokens}
+        if drafts:
+            out["completion_tokens_details"] = {"accepted_prediction_tokens": self.accepted_drafts,
+                                                "rejected_prediction_tokens": self.rejected_drafts}
+        return out
 
 
 class ServerState:
     """The model, its tokenizer, the settings, the engine (while the app's lifespan runs), the requests in flight."""
 
-    def __init__(self, model: nn.Module, tokenizer: TextCodec, options: ServeOptions, dtype: str = "auto") -> None:
+    def __init__(self, model: nn.Module, tokenizer: TextCodec, options: ServeOptions, dtype: str = "auto",
+                 draft_model: nn.Module | None = None) -> None:
         self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
         self.model_name = options.served_name
         self.adapters = attach_served_adapters(model, options.adapters)  # the adapters' names, by index
+        self.speculative = "draft" if draft_model is not None and options.speculative == "off" else options.speculative
+        self.draft_model = self._draft(draft_model)
         self.context = model.config.context_length
         self.vocab = model.config.vocab_size
         self.n_layers = len(model.trf_blocks)
@@ -127,7 +157,24 @@ class ServerState:
         self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
-                                  speculative_tokens=o.speculative_tokens if o.speculative == "lookup" else 0)
+                                  speculative_tokens=o.speculative_tokens if self.speculative != "off" else 0,
+                                  draft_model=self.draft_model)
+
+    def _draft(self, given: nn.Module | None) -> nn.Module | None:
+        """The draft model with ``--speculative draft``: ``given`` (which implies it), or ``--draft``'s loaded
+        (checked: the same vocabulary, the same tokenizer)."""
+        if self.speculative != "draft":
+            if given is not None:
+                raise ValueError(f"a draft model conflicts with speculative={self.speculative!r}: drafts come from "
+                                 f"the model")
+            return None
+        if given is None:
+            from ..interop.pretrained import load_draft
+
+            return load_draft(self.options.draft, self.model, self.tokenizer,
+                              device=next(self.model.parameters()).device).eval()
+        check_draft_model(self.model, given)
+        return given.eval()
 
     def stop(self) -> None:
         engine, self.engine = self.engine, None
@@ -253,7 +300,7 @@ class ServerState:
         self.open.discard(choices)
 
     async def answer(self, request: Request, choices: Choices) -> tuple[list[str], list[list[TokenInfo]],
-                                                                         list[str], int] | None:
+                                                                         list[str], Usage] | None:
         """``choices.gather()``, or None as soon as the client disconnects (its rows are cancelled, as a stream's
         are: nobody is left to read the answer)."""
         gather = asyncio.ensure_future(choices.gather())
