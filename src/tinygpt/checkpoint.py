@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -143,6 +145,103 @@ def _read_weights(path: Path, expected: dict[str, torch.Size], device: str) -> d
     return state
 
 
+SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_safetensors(path: Path, private: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a safetensors file, in the file's order, one tensor read at a time.
+
+    A tensor comes straight from the file's copy-on-write mapping (no copy), except those for which
+    ``private(name)`` is true -- the ones about to be turned into new memory (transposed, quantised): they are read
+    into a private buffer instead, freed once the caller drops it. Mapped pages, once read, stay resident while the
+    mapping lives, so a mapped-then-copied tensor would count twice in the process's memory.
+    """
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")  # validates the header and the offsets
+    except Exception as err:  # SafetensorError is not a ValueError
+        raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
+    with handle as f, open(path, "rb") as raw:
+        (header_len,) = struct.unpack("<Q", raw.read(8))  # the format: u64 header length, JSON header, data
+        header = json.loads(raw.read(header_len))
+        for name in f.keys():
+            info = header[name]
+            dtype = SAFETENSORS_FLOATS.get(info["dtype"])
+            start, end = info["data_offsets"]
+            if not private(name) or dtype is None or end == start:
+                yield name, f.get_tensor(name)
+                continue
+            buffer = bytearray(end - start)
+            raw.seek(8 + header_len + start)
+            raw.readinto(buffer)
+            yield name, torch.frombuffer(buffer, dtype=dtype).view(info["shape"])
+            del buffer  # the caller's reference, if it kept one, is the only one left
+
+
+def _floating(source: str | Path, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if not tensor.is_floating_point():
+        raise ValueError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
+    return tensor
+
+
+def _tie_and_check(model: GPTModel, config: GPTConfig) -> GPTModel:
+    if config.tie_weights:
+        model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
+    # The model holds no buffers (its causal mask is built per call), so nothing else is left on meta; were one added,
+    # this says so instead of running with a meta tensor.
+    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if still_meta:
+        raise RuntimeError(f"load_model left tensors on the meta device: {still_meta}")
+    return model.eval()
+
+
+def model_from_tensors(config: GPTConfig, tensors: Iterable[tuple[str, torch.Tensor]], *, source: str | Path,
+                       quantize: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+                       ) -> GPTModel:
+    """A ``GPTModel`` whose block linears are ``NF4Linear`` (``quantize``: ``quantize.QUANTIZE_CHOICES``), built
+    from (name, tensor) pairs as they come: each block linear's float weight is quantised as soon as it arrives and
+    can be freed before the next is read, so the float base is never whole in memory (QLoRA's loader). The other
+    tensors become the model's parameters as in ``model_from_state_dict`` (moved/cast only when asked); the NF4
+    bytes are those ``quantize.quantize_linears`` gives the float model. Names and shapes are checked as there.
+    """
+    from torch import nn
+
+    from .quantize import NF4Linear, block_linears, is_double_quant, replace_linear
+
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = GPTModel(config)
+    expected = _expected_shapes(model)
+    linears = set(block_linears(model))
+    shapes: dict[str, torch.Size] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors:
+        if name in shapes:
+            raise ValueError(f"{source}: tensor {name!r} appears twice")
+        shapes[name] = tensor.shape
+        module, _, leaf = name.rpartition(".")
+        quantized = module in linears and leaf == "weight"
+        if name in expected and tuple(tensor.shape) != tuple(expected[name]):
+            check_names_and_shapes(source, {name: tensor.shape}, {name: expected[name]})
+        tensor = _floating(source, name, tensor).to(device=device, dtype=dtype or tensor.dtype)
+        if quantized:
+            replace_linear(model, module, NF4Linear(tensor, None, double_quant=is_double_quant(quantize)))
+        else:
+            state[name] = tensor
+        del tensor  # a quantised weight's float copy is gone before the next tensor is read
+    check_names_and_shapes(source, shapes, expected)
+    for module in linears:
+        bias = state.pop(f"{module}.bias", None)
+        if bias is not None:
+            model.get_submodule(module).bias = nn.Parameter(bias, requires_grad=False)
+    if config.tie_weights:
+        state[_TIED_KEY] = state["tok_emb.weight"]
+    model.load_state_dict(state, strict=False, assign=True)  # the NF4 modules already hold their tensors
+    state.clear()
+    return _tie_and_check(model, config)
+
+
 def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], *, source: str | Path,
                           device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPTModel:
     """A ``GPTModel`` whose parameters *are* the tensors of ``state`` (moved/cast only when asked), in eval mode.
@@ -156,29 +255,22 @@ def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], *, 
         model = GPTModel(config)  # shapes only: no memory, no random init cost
     check_names_and_shapes(source, {name: t.shape for name, t in state.items()}, _expected_shapes(model))
     for name in list(state):
-        tensor = state[name]
-        if not tensor.is_floating_point():
-            raise ValueError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, a floating dtype is needed")
+        tensor = _floating(source, name, state[name])
         state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype)
     if config.tie_weights:
         state[_TIED_KEY] = state["tok_emb.weight"]
     model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_weights:
-        model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
-    # The model holds no buffers (its causal mask is built per call), so nothing else is left on meta; were one added,
-    # this says so instead of running with a meta tensor.
-    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if still_meta:
-        raise RuntimeError(f"load_model left tensors on the meta device: {still_meta}")
     state.clear()
-    return model.eval()
+    return _tie_and_check(model, config)
 
 
-def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-               ) -> GPTModel:
+def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               quantize: str | None = None) -> GPTModel:
     """Load a checkpoint written by ``save_model`` into a ``GPTModel`` on ``device`` (in eval mode).
 
-    ``dtype`` converts the floating tensors (default: as stored). Strict: see the module docstring.
+    ``dtype`` converts the floating tensors (default: as stored). ``quantize`` (``"nf4"``, ``"nf4-dq"``): the block
+    linears become ``NF4Linear``, each quantised as it is read (``model_from_tensors``). Strict: see the module
+    docstring.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -187,6 +279,16 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
     with torch.device("meta"):
         expected = _expected_shapes(GPTModel(config))
     path = directory / WEIGHTS_FILE
+    if quantize is not None:
+        from .quantize import block_linears, check_quantize
+
+        check_quantize(quantize)
+        if not path.is_file():
+            raise ValueError(f"{directory} is not a tinygpt checkpoint: {WEIGHTS_FILE} is missing")
+        with torch.device("meta"):
+            quantized = {f"{name}.weight" for name in block_linears(GPTModel(config))}
+        return model_from_tensors(config, read_safetensors(path, quantized.__contains__), source=path,
+                                  quantize=quantize, device=device, dtype=dtype)
     state = _read_weights(path, expected, str(device))
     return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 

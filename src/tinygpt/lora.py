@@ -34,7 +34,7 @@ from torch import nn
 
 from . import checks
 from .fast import linear
-from .quantize import QUANTIZE_CHOICES, NF4Linear, quantize_linears
+from .quantize import BUFFER_NAMES, QUANTIZE_CHOICES, NF4Linear, is_double_quant, quantize_linears
 
 # target -> (module path inside a block, which half of its output: None = all, 0 = first, 1 = second)
 TARGETS: dict[str, tuple[str, int | None]] = {
@@ -49,7 +49,8 @@ DEFAULT_TARGETS = ("qkv", "out_proj")
 @dataclass(frozen=True)
 class LoRAConfig:
     """Rank ``r``, ``alpha`` (the update is scaled by alpha / r), the dropout on the adapter's input, the targets
-    (names of ``TARGETS``) and ``quantize`` (None, or ``"nf4"`` for QLoRA: every block linear in NF4)."""
+    (names of ``TARGETS``) and ``quantize`` (None, or for QLoRA every block linear in NF4: ``"nf4"``, or ``"nf4-dq"``
+    with the per-block absmax values double-quantised)."""
 
     r: int = 8
     alpha: float = 16.0
@@ -198,10 +199,15 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int | None = None)
     check_targets(config, model.config)
     if any(True for _ in lora_modules(model)):
         raise ValueError("the model already has LoRA adapters")
+    already = {m.double_quant for m in model.modules() if isinstance(m, NF4Linear)}
+    if already and (config.quantize is None or already != {is_double_quant(config.quantize)}):
+        kind = "nf4-dq" if True in already else "nf4"
+        raise ValueError(f"the model's base is already quantised ({kind}) but the LoRA config says quantize="
+                         f"{config.quantize!r}: load it with the same quantize")
     model.requires_grad_(False)
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    if config.quantize == "nf4":
-        quantize_linears(model)
+    if config.quantize is not None:  # what is still float (a model loaded with quantize= is in NF4 already)
+        quantize_linears(model, double_quant=is_double_quant(config.quantize))
     for block in model.trf_blocks:
         by_module: dict[str, dict[str, tuple[int, int]]] = {}
         for name in config.targets:
@@ -275,7 +281,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     quantized = {name: m for name, m in model.named_modules() if isinstance(m, NF4Linear)}
     for name, tensor in model.state_dict().items():
         leaf = name.rpartition(".")[2]
-        if ".lora_A." in name or ".lora_B." in name or leaf in ("weight_nf4", "weight_absmax"):
+        if ".lora_A." in name or ".lora_B." in name or leaf in BUFFER_NAMES:
             continue
         state[name.replace(".base.", ".")] = tensor.detach().clone()
     for name, module in quantized.items():

@@ -20,8 +20,9 @@ class LoRAOptions:
     lora_dropout: float = option(0.0, "dropout on the adapters' input")
     lora_targets: list[str] | None = option(None, "the linears to adapt (gate/up/down: SwiGLU models)",
                                             choices=TARGET_NAMES, default_help="qkv out_proj")
-    quantize: str | None = option(None, "with --lora-r: hold the frozen base in 4-bit NormalFloat (QLoRA)",
-                                  choices=("nf4",), default_help="off")
+    quantize: str | None = option(None, "with --lora-r: hold the frozen base in 4-bit NormalFloat (QLoRA); nf4-dq "
+                                  "also quantises its per-block scales to 8 bits", choices=("nf4", "nf4-dq"),
+                                  default_help="off")
 
     def to_config(self):
         """The ``LoRAConfig`` these flags give, or None without ``--lora-r`` (``OptionError`` for a bad value)."""

@@ -8,10 +8,18 @@ weights use every level about equally often. Two indices share a byte, the first
 These are bitsandbytes' bytes for the same tensor (``bitsandbytes.functional.quantize_4bit(w, blocksize=64,
 quant_type="nf4")``: tested), so a reader can check one against the other: the same levels, the same scaling by
 the reciprocal of the block's absmax, the same ties (a value exactly between two levels takes the lower one), the
-same packing. Double quantisation of the absmax values is not done (it saves 0.37 bits per weight).
+same packing.
+
+Double quantisation (``"nf4-dq"``, the paper's section 3) stores the absmax values themselves in 8 bits: their mean
+is subtracted (kept as one float32), and the rest is cut into blocks of 256, each scaled by its own absmax (float32)
+and rounded to the nearest of the 256 values of the signed dynamic 8-bit map (Dettmers 2015: a decimal exponent
+and a fraction). That is 8 + 32 / 256 bits per 64 weights instead of 32: 0.373 fewer bits per weight, and
+bitsandbytes' ``quantize_4bit(..., compress_statistics=True)`` (tested: the same bytes, scales and mean).
 
 ``NF4Linear`` stands in for a frozen ``Linear``: its product dequantises the weight (levels * absmax, float32, then
-the input's dtype) and runs through ``tinygpt.fast.linear``. Measured by ``python -m benchmarks.lora``.
+the input's dtype) and runs through ``tinygpt.fast.linear``. ``quantize_linears`` replaces a built model's block
+linears; ``checkpoint.load_model(..., quantize=)`` instead quantises each of them as it is read from the file, so
+the float base is never whole in memory. Measured by ``python -m benchmarks.lora``.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import checks
 from .fast import linear
 
 BLOCK_SIZE = 64
-QUANTIZE_CHOICES = ("nf4",)
+ABSMAX_BLOCK_SIZE = 256  # double quantisation: absmax values per 8-bit block
+QUANTIZE_CHOICES = ("nf4", "nf4-dq")  # NF4; NF4 with its absmax values double-quantised
 
 # NF4's 16 levels, as bitsandbytes stores them (the float32 values of the paper's table).
 NF4_LEVELS = (
@@ -58,6 +68,43 @@ def quantize_nf4(weight: torch.Tensor, block_size: int = BLOCK_SIZE) -> tuple[to
     return packed, absmax
 
 
+def dynamic_levels() -> torch.Tensor:
+    """The signed dynamic 8-bit map, float32 [256] ascending: for each decimal exponent e = -6 .. 0, the midpoints of
+    2 ** (e + 6) equal steps of [0.1, 1] times 10 ** e, both signs, then 0 and 1 (the same float arithmetic as
+    bitsandbytes' ``create_dynamic_map``, so the same float32 values)."""
+    data: list[float] = []
+    for i in range(7):
+        boundaries = torch.linspace(0.1, 1, 2**i + 1, dtype=torch.float32)
+        means = (boundaries[:-1] + boundaries[1:]) / 2.0
+        data += ((10 ** (-6 + i)) * means).tolist()
+        data += (-(10 ** (-6 + i)) * means).tolist()
+    data += [0.0, 1.0]
+    return torch.tensor(sorted(data), dtype=torch.float32)
+
+
+def quantize_absmax(absmax: torch.Tensor, block_size: int = ABSMAX_BLOCK_SIZE
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Double quantisation: absmax float32 [n] -> (codes uint8 [n], scales float32 [ceil(n / block_size)], offset
+    float32 []): absmax ~ levels[code] * scale of its block + offset, the offset being the mean."""
+    offset = absmax.mean()
+    centred = absmax - offset
+    n = centred.numel()
+    blocks = -(-n // block_size)
+    padded = torch.nn.functional.pad(centred, (0, blocks * block_size - n)).view(blocks, block_size)
+    scales = padded.abs().amax(dim=1)  # [blocks]
+    scaled = torch.clamp(padded * (1.0 / scales.clamp(min=1e-38))[:, None], -1, 1).reshape(-1)[:n]
+    levels = dynamic_levels().to(absmax.device)
+    codes = torch.bucketize(scaled, (levels[:-1] + levels[1:]) / 2).to(torch.uint8)  # the nearest level
+    return codes, scales, offset
+
+
+def dequantize_absmax(codes: torch.Tensor, scales: torch.Tensor, offset: torch.Tensor,
+                      block_size: int = ABSMAX_BLOCK_SIZE) -> torch.Tensor:
+    """The inverse of ``quantize_absmax`` up to rounding: float32 [n]."""
+    levels = dynamic_levels().to(codes.device)[codes.long()]
+    return levels * scales.repeat_interleave(block_size)[: codes.numel()] + offset
+
+
 def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, shape: torch.Size | tuple[int, ...],
                    block_size: int = BLOCK_SIZE, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The inverse of ``quantize_nf4`` up to rounding: levels[index] * absmax of the block, computed in float32."""
@@ -71,29 +118,46 @@ def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, shape: torch.Size
 
 
 class NF4Linear(nn.Module):
-    """A frozen linear map whose weight [out, in] is held in NF4 (buffers ``weight_nf4``, ``weight_absmax``).
+    """A frozen linear map whose weight [out, in] is held in NF4: buffers ``weight_nf4`` and ``weight_absmax``, or
+    with ``double_quant`` ``weight_absmax_codes`` / ``weight_absmax_scales`` / ``weight_absmax_offset`` instead of
+    the float32 absmax (``quantize_absmax``).
 
     [..., in] -> [..., out]. The bias, if any, stays in its own dtype (it is a vector: nothing to gain). Nothing
     here trains; gradients flow to the input only.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_size: int = BLOCK_SIZE) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_size: int = BLOCK_SIZE,
+                 double_quant: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.block_size = block_size
+        self.double_quant = double_quant
         self.weight_dtype = weight.dtype
         packed, absmax = quantize_nf4(weight, block_size)
         self.register_buffer("weight_nf4", packed)
-        self.register_buffer("weight_absmax", absmax)
+        if double_quant:
+            codes, scales, offset = quantize_absmax(absmax)
+            self.register_buffer("weight_absmax_codes", codes)
+            self.register_buffer("weight_absmax_scales", scales)
+            self.register_buffer("weight_absmax_offset", offset)
+        else:
+            self.register_buffer("weight_absmax", absmax)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, module: nn.Linear, block_size: int = BLOCK_SIZE) -> "NF4Linear":
-        return cls(module.weight, module.bias, block_size)
+    def from_linear(cls, module: nn.Linear, block_size: int = BLOCK_SIZE, double_quant: bool = False
+                    ) -> "NF4Linear":
+        return cls(module.weight, module.bias, block_size, double_quant)
+
+    def absmax(self) -> torch.Tensor:
+        """The per-block absmax float32 [blocks] (double quantisation: as its 8-bit codes give it back)."""
+        if self.double_quant:
+            return dequantize_absmax(self.weight_absmax_codes, self.weight_absmax_scales, self.weight_absmax_offset)
+        return self.weight_absmax
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The weight [out, in] as NF4 gives it back, in ``dtype`` (default: the dtype it was quantised from)."""
-        return dequantize_nf4(self.weight_nf4, self.weight_absmax, (self.out_features, self.in_features),
+        return dequantize_nf4(self.weight_nf4, self.absmax(), (self.out_features, self.in_features),
                               self.block_size, dtype or self.weight_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +167,8 @@ class NF4Linear(nn.Module):
         return linear(x, self.dequantized_weight(x.dtype), bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, block_size={self.block_size}"
+        kind = "nf4, double-quantised absmax" if self.double_quant else "nf4"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}, block_size={self.block_size}"
 
 
 class _NF4Product(torch.autograd.Function):
@@ -122,15 +187,37 @@ class _NF4Product(torch.autograd.Function):
         return grad @ weight, None, None  # [..., out] @ [out, in] -> [..., in]
 
 
-def quantize_linears(model: nn.Module, block_size: int = BLOCK_SIZE) -> int:
-    """Replace every ``nn.Linear`` inside the model's transformer blocks by its ``NF4Linear`` (in place); the
+BUFFER_NAMES = ("weight_nf4", "weight_absmax", "weight_absmax_codes", "weight_absmax_scales", "weight_absmax_offset")
+
+
+def check_quantize(quantize: str) -> None:
+    """``ValueError`` unless ``quantize`` is one of ``QUANTIZE_CHOICES``."""
+    checks.choice("quantize", quantize, QUANTIZE_CHOICES)
+
+
+def is_double_quant(quantize: str | None) -> bool:
+    """Whether a ``QUANTIZE_CHOICES`` value double-quantises the absmax values."""
+    return quantize == "nf4-dq"
+
+
+def block_linears(model: nn.Module) -> list[str]:
+    """The names (in ``model``) of the ``nn.Linear`` modules inside its transformer blocks, in order: what
+    ``quantize_linears`` replaces. Works on a model built on the meta device (the loader's skeleton)."""
+    return [f"trf_blocks.{i}.{name}" for i, block in enumerate(model.trf_blocks)
+            for name, module in block.named_modules() if isinstance(module, nn.Linear)]
+
+
+def replace_linear(model: nn.Module, name: str, replacement: nn.Module) -> None:
+    """Put ``replacement`` where the module ``name`` of ``model`` is."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+
+
+def quantize_linears(model: nn.Module, block_size: int = BLOCK_SIZE, double_quant: bool = False) -> int:
+    """Replace every ``nn.Linear`` inside the model's transformer blocks by its ``NF4Linear`` (in place, one at a
+    time: each float weight is freed as soon as its NF4 copy exists, unless something else holds it); the
     embeddings, norms and the head stay as they are (the head is often the embedding itself). Returns how many."""
-    count = 0
-    for block in model.trf_blocks:
-        for name, module in list(block.named_modules()):
-            if isinstance(module, nn.Linear):
-                parent_name, _, child = name.rpartition(".")
-                parent = block.get_submodule(parent_name) if parent_name else block
-                setattr(parent, child, NF4Linear.from_linear(module, block_size))
-                count += 1
-    return count
+    names = block_linears(model)
+    for name in names:
+        replace_linear(model, name, NF4Linear.from_linear(model.get_submodule(name), block_size, double_quant))
+    return len(names)

@@ -101,7 +101,7 @@ def dpo(model: str | Path, data: str | Path, options: FinetuneOptions, *, beta: 
     options.check()
     checks.positive_number("beta", beta)
     examples = load_preference_data(data, limit)
-    policy, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    policy, tokenizer = load_start_model(model, options.device, tokenizer_dir, lora=lora)
     stage = DPOStage(adapt(policy, lora, options, model), tokenizer, examples, beta=beta, source=str(data),
                      **options.stage_settings())
     return run_stage(stage, options)

@@ -134,13 +134,16 @@ class SupervisedStage(FinetuneStage):
 
 
 def load_start_model(source: str | Path, device: str | torch.device | None = None,
-                     tokenizer_dir: str | Path | None = None) -> tuple[GPTModel, Tokenizer]:
+                     tokenizer_dir: str | Path | None = None, lora: Any = None) -> tuple[GPTModel, Tokenizer]:
     """The model a stage starts from (a tinygpt checkpoint, a Hugging Face GPT-2 folder or a hub name) and its
     tokenizer (``tokenizer_dir``, else the model's own), which fine-tuning cannot do without. ``device`` None:
-    cuda when available."""
+    cuda when available. With QLoRA (``lora``, a ``LoRAConfig`` whose ``quantize`` is set) the block linears are
+    quantised as they are read, so the float base is never whole in memory (``adapt`` then wraps them)."""
     from ..interop.pretrained import load_pretrained
 
-    model, tokenizer = load_pretrained(source, device=resolve_device(device), tokenizer_dir=tokenizer_dir)
+    quantize = getattr(lora, "quantize", None)
+    model, tokenizer = load_pretrained(source, device=resolve_device(device), tokenizer_dir=tokenizer_dir,
+                                       quantize=quantize)
     if tokenizer is None:
         raise ValueError(f"{source} has no tokenizer saved beside it; fine-tuning needs the model's tokenizer: "
                          f"pass --tokenizer-dir DIR")

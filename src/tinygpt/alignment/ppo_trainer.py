@@ -257,7 +257,7 @@ def ppo(policy: str | Path, reward: str | Path, data: str | Path, options: Finet
 
     options.check()
     config = config or PPOConfig()
-    model, tokenizer = load_start_model(policy, options.device, tokenizer_dir)
+    model, tokenizer = load_start_model(policy, options.device, tokenizer_dir, lora=lora)
     reward_model, reward_tokenizer = load_reward_model(reward, device=next(model.parameters()).device)
     if reward_tokenizer is not None and (reward_tokenizer.kind, reward_tokenizer.vocab_size) != (
             tokenizer.kind, tokenizer.vocab_size):

@@ -188,7 +188,7 @@ def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOpt
     ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole) and is exported merged."""
     options.check()
     examples = load_preference_data(data, limit)
-    trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir, lora=lora)
     settings = options.stage_settings()
     reward_model = RewardModel(adapt(trunk, lora, options, model), seed=settings.get("seed", DEFAULT_SEED))  # seeded
     stage = RewardStage(reward_model, tokenizer, examples, source=str(data), **settings)

@@ -64,7 +64,7 @@ def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit:
     ``lora`` (a ``LoRAConfig``) trains adapters instead; the run folder then holds the adapter (PEFT's format)."""
     options.check()
     examples = load_instruction_data(data, limit)
-    base, tokenizer = load_start_model(model, options.device, tokenizer_dir)
+    base, tokenizer = load_start_model(model, options.device, tokenizer_dir, lora=lora)
     stage = SFTStage(adapt(base, lora, options, model), tokenizer, examples, source=str(data),
                      **options.stage_settings())
     return run_stage(stage, options)

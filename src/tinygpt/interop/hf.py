@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import struct
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -205,38 +204,16 @@ def _hf_weights_path(directory: Path) -> Path:
     raise ValueError(f"{directory} holds no GPT-2 weights: expected {' or '.join(HF_WEIGHT_FILES)}")
 
 
-_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
 def _read_hf_tensors(path: Path, transient: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of an HF weights file, one tensor in memory at a time where the format allows.
 
-    safetensors tensors come straight from the file's copy-on-write mapping (no copy), except those for which
-    ``transient(name)`` is true -- the ones about to be transposed into new memory: they are read into a private
-    buffer instead, which is freed after the transpose. Mapped pages, once read, stay resident while the mapping
-    lives, so a mapped-then-copied tensor would count twice in the process's memory.
+    safetensors: ``checkpoint.read_safetensors`` (mapped, except the ``transient`` tensors -- the ones about to be
+    transposed into new memory -- read into a private buffer that is freed after the transpose).
     """
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
+        from ..checkpoint import read_safetensors
 
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")  # validates the header and the offsets
-        except Exception as err:  # SafetensorError is not a ValueError
-            raise ValueError(f"{path}: not a valid safetensors file (truncated or corrupt): {err}") from None
-        with handle as f, open(path, "rb") as raw:
-            (header_len,) = struct.unpack("<Q", raw.read(8))  # the format: u64 header length, JSON header, data
-            header = json.loads(raw.read(header_len))
-            for name in f.keys():
-                info = header[name]
-                dtype = _SAFETENSORS_FLOATS.get(info["dtype"])
-                start, end = info["data_offsets"]
-                if not transient(name) or dtype is None or end == start:
-                    yield name, f.get_tensor(name)
-                    continue
-                buffer = bytearray(end - start)
-                raw.seek(8 + header_len + start)
-                raw.readinto(buffer)
-                yield name, torch.frombuffer(buffer, dtype=dtype).view(info["shape"])
+        yield from read_safetensors(path, transient)
         return
     # weights_only: tensors and plain containers only, never arbitrary objects. mmap avoids a second copy in
     # memory; files from before torch 1.6's zip format cannot be mapped and are read whole.
@@ -257,14 +234,15 @@ def _read_hf_tensors(path: Path, transient: Callable[[str], bool]) -> Iterator[t
 
 
 def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              cache_dir: str | Path | None = None) -> GPTModel:
+              cache_dir: str | Path | None = None, quantize: str | None = None) -> GPTModel:
     """A Hugging Face GPT-2 folder, or a hub name such as ``gpt2-medium``, as a ``GPTModel`` (eval mode).
 
     Names with or without the ``transformer.`` prefix are accepted; the four Conv1D weights are transposed; the
     legacy ``attn.bias`` / ``attn.masked_bias`` buffers are skipped; any other unknown tensor, a missing one or a
-    wrong shape is a ``ValueError`` naming the file and the key.
+    wrong shape is a ``ValueError`` naming the file and the key. ``quantize`` (``"nf4"``, ``"nf4-dq"``): the block
+    linears become ``NF4Linear``, each quantised as it is read (``checkpoint.model_from_tensors``).
     """
-    from ..checkpoint import model_from_state_dict
+    from ..checkpoint import model_from_state_dict, model_from_tensors
 
     directory = resolve_hf_source(source, cache_dir=cache_dir)
     config_path = directory / "config.json"
@@ -276,8 +254,23 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
         raise ValueError(f"{config_path}: cannot read the config ({err})") from None
     config = hf_config_to_tinygpt(hf_config, config_path)
     path = _hf_weights_path(directory)
-    state: dict[str, torch.Tensor] = {}
-    head = None
+    if quantize is not None:
+        from ..quantize import check_quantize
+
+        check_quantize(quantize)
+        return model_from_tensors(config, _hf_tensors_as_ours(path, config), source=path, quantize=quantize,
+                                  device=device, dtype=dtype)
+    return model_from_state_dict(config, dict(_hf_tensors_as_ours(path, config)), source=path, device=device,
+                                 dtype=dtype)
+
+
+def _hf_tensors_as_ours(path: Path, config: GPTConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(tinygpt name, tensor) for each tensor of an HF GPT-2 weights file, as it is read: Conv1D weights
+    transposed, legacy buffers skipped, a stored ``lm_head.weight`` last (dropped when tied, after checking that it
+    equals the embedding)."""
+    seen: set[str] = set()
+    head = embedding = None
+
     def transposed(name: str) -> bool:
         try:
             mapped = _hf_name_to_ours(name.removeprefix("transformer."), config.n_layers)
@@ -294,7 +287,7 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
         if mapped is None:
             continue
         ours, transpose = mapped
-        if ours in state or (ours == "out_head.weight" and head is not None):
+        if ours in seen or (ours == "out_head.weight" and head is not None):
             raise ValueError(f"{path}: tensor {name!r} appears twice (with and without the transformer. prefix)")
         if transpose:
             if tensor.dim() != 2:
@@ -303,15 +296,18 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
         if ours == "out_head.weight":
             head = tensor
             continue
-        state[ours] = tensor
+        if ours == "tok_emb.weight":
+            embedding = tensor
+        seen.add(ours)
+        yield ours, tensor
+        del tensor
     if head is not None:
         if config.tie_weights:
             # HF ties lm_head to wte on load; a stored copy must agree, or the file means two different models.
-            if "tok_emb.weight" in state and not torch.equal(head, state["tok_emb.weight"]):
+            if embedding is not None and not torch.equal(head, embedding):
                 raise ValueError(f"{path}: 'lm_head.weight' differs from 'wte.weight' but the config ties them")
         else:
-            state["out_head.weight"] = head
-    return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
+            yield "out_head.weight", head
 
 
 GENERATION_CONFIG_FILE = "generation_config.json"

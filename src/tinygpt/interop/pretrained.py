@@ -42,29 +42,38 @@ def load_pretrained(
     tokenizer_dir: str | Path | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> tuple[GPTModel, Tokenizer | None]:
     """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name, a ``.gguf``
-    file, or a LoRA adapter folder (its base with the adapter merged in: ``load_adapted`` keeps them apart)."""
+    file, or a LoRA adapter folder (its base with the adapter merged in: ``load_adapted`` keeps them apart).
+
+    ``quantize`` (``"nf4"``, ``"nf4-dq"``; QLoRA's frozen base): the block linears in NF4. A checkpoint or a Hugging
+    Face folder is quantised tensor by tensor as it is read, so the float base is never whole in memory; a GGUF
+    file or an adapter folder is built in float first, then quantised."""
     from .peft import is_adapter
 
     tokenizer: Tokenizer | None = None
+    if quantize is not None:
+        from ..quantize import check_quantize
+
+        check_quantize(quantize)
     if Path(source).is_dir() and is_adapter(source):
         from ..lora import merged_model
 
         model, tokenizer = load_adapted(source, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
-        return merged_model(model), tokenizer
+        return _quantized(merged_model(model), quantize), tokenizer
     if Path(source).is_file() and Path(source).suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
         model, tokenizer, _ = load_gguf(source, dtype=dtype)
-        model = model.to(device)
+        model = _quantized(model.to(device), quantize)
     elif Path(source).is_dir() and is_tinygpt_checkpoint(source):
-        model = load_model(source, device=device, dtype=dtype)
+        model = load_model(source, device=device, dtype=dtype, quantize=quantize)
         if tokenizer_dir is None:
             tokenizer = load_checkpoint_tokenizer(source)
     else:
         directory = resolve_hf_source(source)
-        model = import_hf(directory, device=device, dtype=dtype)
+        model = import_hf(directory, device=device, dtype=dtype, quantize=quantize)
         if tokenizer_dir is None and has_tokenizer_files(directory):
             tokenizer = tokenizer_from_dir(directory)
     if tokenizer_dir is not None:
@@ -121,19 +130,32 @@ def load_draft(source: str | Path, model: torch.nn.Module, tokenizer: Tokenizer 
     return draft
 
 
+def _quantized(model: GPTModel, quantize: str | None) -> GPTModel:
+    if quantize is not None:
+        from ..quantize import is_double_quant, quantize_linears
+
+        quantize_linears(model, double_quant=is_double_quant(quantize))
+    return model
+
+
 def load_adapted(adapter: str | Path, *, base: str | Path | None = None, tokenizer_dir: str | Path | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None, quantize: str | None = None
                  ) -> tuple[GPTModel, Tokenizer | None]:
     """(base model wrapped with the adapter in ``adapter``, the base's tokenizer). ``base`` (a folder or hub name)
-    defaults to the one the adapter names (``base_model_name_or_path``); ``quantize="nf4"`` holds the base in NF4."""
+    defaults to the one the adapter names (``base_model_name_or_path``); ``quantize`` (``"nf4"``, ``"nf4-dq"``)
+    holds the base in NF4 whatever the adapter was trained with, None keeps the adapter's own choice (an NF4 base is
+    quantised as it is read: ``load_pretrained``)."""
     from .peft import is_adapter, load_adapter, read_adapter
 
-    reference = base if base is not None else read_adapter(adapter).base
+    found = read_adapter(adapter)
+    reference = base if base is not None else found.base
+    quantize = quantize if quantize is not None else found.config.quantize
     if reference is None:
         raise ValueError(f"the adapter {adapter} names no base model: give the base (--base DIR|HUBNAME)")
     if Path(reference).is_dir() and is_adapter(reference):
         raise ValueError(f"the base {reference} is itself an adapter: give the model it was trained on")
-    model, tokenizer = load_pretrained(reference, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+    model, tokenizer = load_pretrained(reference, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
+                                       quantize=quantize)
     return load_adapter(model, adapter, quantize=quantize), tokenizer
 
 
