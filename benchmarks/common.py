@@ -122,15 +122,17 @@ OP_GROUPS = {
 OTHER_OPS = "other (dispatch, python-visible small ops)"
 
 
-def self_cpu_shares(prof: Any, top: int = 12) -> dict[str, Any]:
-    """A finished ``torch.profiler.profile``'s self CPU time: the total in seconds, the share of each ``OP_GROUPS``
-    group (by operator-name prefix; the rest is ``OTHER_OPS``) and the ``top`` operators' shares."""
+def self_cpu_shares(prof: Any, top: int = 12, groups: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
+    """A finished ``torch.profiler.profile``'s self CPU time: the total in seconds, the share of each group of
+    ``groups`` (default ``OP_GROUPS``; by operator-name prefix, the first group that matches; the rest is
+    ``OTHER_OPS``) and the ``top`` operators' shares."""
+    groups = OP_GROUPS if groups is None else groups
     events = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]  # microseconds
     total = sum(t for _, t in events) or 1.0
-    shares: dict[str, float] = {name: 0.0 for name in OP_GROUPS}
+    shares: dict[str, float] = {name: 0.0 for name in groups}
     shares[OTHER_OPS] = 0.0
     for key, t in events:
-        name = next((g for g, prefixes in OP_GROUPS.items() if key.startswith(prefixes)), OTHER_OPS)
+        name = next((g for g, prefixes in groups.items() if key.startswith(prefixes)), OTHER_OPS)
         shares[name] += t / total
     ops = sorted(events, key=lambda e: -e[1])[:top]
     return {"self_cpu_s": total / 1e6, "shares": shares,
