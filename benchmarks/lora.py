@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,7 +35,8 @@ from typing import Any, Sequence
 from .common import format_table, run_json_process, shared_data_dir, write_json_atomic
 
 SHARED_DATA = shared_data_dir()
-CONFIGS = ("full", "lora-r8", "lora-r16", "qlora-r8", "peft-r8", "dpo-full", "dpo-lora-r8")
+CONFIGS = ("full", "lora-r8", "lora-r16", "qlora-r8", "qlora-dq-r8", "peft-r8", "dpo-full", "dpo-lora-r8")
+QUANTIZE = {"qlora-r8": "nf4", "qlora-dq-r8": "nf4-dq"}  # the QLoRA rows' --quantize
 SIZES = ("gpt2-small", "gpt2-medium")
 TARGETS = ("qkv", "out_proj")
 
@@ -84,9 +86,24 @@ def _batches(tokenizer, tokens: int, batch: int, steps: int, val_batches: int, d
     return groups[:steps], groups[steps:]
 
 
+def save_start(size: str, quick: bool, directory: Path) -> Path:
+    """The seed-0 random model of ``size`` saved as a tinygpt checkpoint: what the QLoRA rows load, as
+    ``tinygpt sft --model DIR --quantize ...`` does."""
+    import torch
+
+    from tinygpt import GPTModel
+    from tinygpt.checkpoint import save_model
+
+    torch.manual_seed(0)
+    save_model(GPTModel(_model_config(size, quick)), directory)
+    return directory
+
+
 def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick: bool,
-            data_dir: Path = SHARED_DATA) -> dict[str, Any]:
-    """One configuration in this process: train, evaluate, and report (see the module docstring)."""
+            data_dir: Path = SHARED_DATA, start: Path | None = None) -> dict[str, Any]:
+    """One configuration in this process: train, evaluate, and report (see the module docstring). A QLoRA row
+    loads ``start`` (``save_start``'s checkpoint) through the stages' loader, which quantises each block linear as
+    it reads it; the other rows build the same seed-0 model in memory."""
     import torch
     import torch.nn.functional as F
 
@@ -102,9 +119,17 @@ def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick:
     config = _model_config(size, quick)
     tokenizer = _tokenizer(quick, data_dir)
     train, val = _batches(tokenizer, min(tokens, config.context_length), batch, steps, 2, data_dir)
-    torch.manual_seed(0)
-    model = GPTModel(config).train()
     r = int(name.rsplit("-r", 1)[1]) if "-r" in name else None
+    quantize = QUANTIZE.get(name)
+    if quantize is not None:
+        from tinygpt.checkpoint import load_model
+
+        if start is None:
+            raise ValueError(f"{name} loads a saved start checkpoint: pass --start DIR (see save_start)")
+        model = load_model(start, quantize=quantize).train()
+    else:
+        torch.manual_seed(0)
+        model = GPTModel(config).train()
     if name.startswith("peft"):
         import peft
 
@@ -121,8 +146,7 @@ def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick:
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
     else:
         if r is not None:
-            apply_lora(model, LoRAConfig(r=r, alpha=2 * r, targets=TARGETS,
-                                         quantize="nf4" if name.startswith("qlora") else None), seed=0)
+            apply_lora(model, LoRAConfig(r=r, alpha=2 * r, targets=TARGETS, quantize=quantize), seed=0)
 
         def loss_of(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return model(inputs, targets=targets)
@@ -193,13 +217,16 @@ def run(quick: bool, *, sizes: Sequence[str] = SIZES, configs: Sequence[str] = C
     skipped = [] if available("hf") and _has("peft") else ["peft-r8"]
     rows = []
     load_before = _load()
-    for size in sizes:
-        for name in configs:
-            if name in skipped:
-                continue
-            args = ["--one", name, "--size", size, "--steps", str(steps), "--batch", str(batch), "--tokens",
-                    str(tokens), "--data-dir", str(data_dir), *(["--quick"] if quick else [])]
-            rows.append(run_json_process("lora", args, f"lora benchmark {name}/{size}"))
+    with tempfile.TemporaryDirectory(prefix="tinygpt-lora-bench-") as scratch:
+        for size in sizes:
+            start = save_start(size, quick, Path(scratch) / size) if set(configs) & set(QUANTIZE) else None
+            for name in configs:
+                if name in skipped:
+                    continue
+                args = ["--one", name, "--size", size, "--steps", str(steps), "--batch", str(batch), "--tokens",
+                        str(tokens), "--data-dir", str(data_dir), *(["--quick"] if quick else []),
+                        *(["--start", str(start)] if name in QUANTIZE else [])]
+                rows.append(run_json_process("lora", args, f"lora benchmark {name}/{size}"))
     for row in rows:
         same = {r["config"]: r for r in rows if r["size"] == row["size"]}
         full = same.get("dpo-full" if row["config"].startswith("dpo") else "full")
@@ -244,10 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=SIZES, default="gpt2-small", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure(args.one, args.size, steps=args.steps or 3, batch=args.batch, tokens=args.tokens,
-                                 quick=args.quick, data_dir=args.data_dir)))
+                                 quick=args.quick, data_dir=args.data_dir, start=args.start)))
         return 0
     result = run(args.quick, sizes=args.sizes, configs=args.configs, steps=args.steps, batch=args.batch,
                  tokens=args.tokens, data_dir=args.data_dir)

@@ -115,6 +115,14 @@ def test_reward_and_ppo_train_with_qlora_from_the_cli(tmp_path, alignment_model_
     assert merged.config == base.config
 
 
+def test_sft_trains_on_a_double_quantised_base(tmp_path, alignment_model_dir):
+    assert _run("sft", alignment_model_dir, INSTRUCTION_DATA, tmp_path / "sft", "--lora-r", "2", "--quantize",
+                "nf4-dq", "--max-steps", "1") == 0
+    saved = json.loads((tmp_path / "sft" / "tinygpt_adapter.json").read_text())
+    assert saved["lora"]["quantize"] == "nf4-dq"
+    assert set(_adapter(tmp_path / "sft")) and all("lora_" in name for name in _adapter(tmp_path / "sft"))
+
+
 def test_lora_flag_errors(tmp_path, alignment_model_dir, capsys):
     assert _run("sft", alignment_model_dir, INSTRUCTION_DATA, tmp_path / "x", "--quantize", "nf4") == 2
     assert "--quantize" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -16,12 +16,14 @@ def test_quick_lora_benchmark_has_a_row_per_configuration(tmp_path, monkeypatch)
     if not (lora.SHARED_DATA / "instruction-data.json").exists():
         pytest.skip("instruction data not found")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    configs = ("full", "qlora-r8", "peft-r8", "dpo-lora-r8")  # each a process of its own: a few, not all
+    configs = ("full", "qlora-r8", "qlora-dq-r8", "peft-r8", "dpo-lora-r8")  # a process each: a few, not all
     result = lora.run(True, configs=configs, steps=2)
     rows = {r["config"]: r for r in result["rows"]}
     assert set(rows) == set(configs) - set(result["not_available"])
     # r (in + out) for QKV (64 -> 192) and the output projection (64 -> 64), two layers
-    assert rows["qlora-r8"]["trainable"] == rows["dpo-lora-r8"]["trainable"] == 2 * 8 * ((64 + 192) + (64 + 64))
+    expected = 2 * 8 * ((64 + 192) + (64 + 64))
+    assert rows["qlora-r8"]["trainable"] == rows["qlora-dq-r8"]["trainable"] == rows["dpo-lora-r8"]["trainable"]
+    assert rows["qlora-r8"]["trainable"] == expected
     if "peft-r8" in rows:
         assert rows["peft-r8"]["trainable"] == rows["qlora-r8"]["trainable"]
         assert rows["qlora-r8"]["speed_x_peft"] > 0 and rows["qlora-r8"]["rss_x_full"] > 0

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import variant_configs
 from tinygpt import GPTConfig, GPTModel
-from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model, save_model
+from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model, model_from_tensors, read_safetensors, save_model
 from tinygpt.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_tokenizer
 
 CONFIGS = variant_configs()
@@ -339,3 +339,61 @@ def test_a_checkpoint_with_the_old_descriptor_name_still_loads_its_tokenizer(tmp
     assert isinstance(tokenizer, CharTokenizer) and tokenizer.chars == ["a", "b", "c"]
     save_model(model, tmp_path, tokenizer)  # re-saved: the new name only
     assert _names(tmp_path) == ["config.json", "model.safetensors", "tinygpt_tokenizer.json"]
+
+
+@pytest.mark.parametrize("quantize", ["nf4", "nf4-dq"])
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: f"qkv{c.qkv_bias:d}-tie{c.tie_weights:d}")
+def test_quantised_load_equals_quantising_the_loaded_model(config, quantize, tmp_path):
+    from tinygpt.quantize import NF4Linear, quantize_linears
+
+    save_model(_random_model(config), tmp_path / "ckpt")
+    want = load_model(tmp_path / "ckpt")
+    quantize_linears(want, double_quant=quantize == "nf4-dq")
+    got = load_model(tmp_path / "ckpt", quantize=quantize)
+    assert got.state_dict().keys() == want.state_dict().keys()
+    for name, tensor in want.state_dict().items():
+        assert torch.equal(got.state_dict()[name], tensor), name
+    assert sum(isinstance(m, NF4Linear) for m in got.modules()) == sum(isinstance(m, NF4Linear) for m in want.modules())
+    assert not any(p.requires_grad for m in got.modules() if isinstance(m, NF4Linear) for p in m.parameters())
+    idx = torch.randint(0, config.vocab_size, (2, 5))
+    with torch.no_grad():
+        assert torch.equal(got(idx), want(idx))
+    if config.tie_weights:
+        assert got.out_head.weight is got.tok_emb.weight
+
+
+def test_quantised_load_holds_one_float_block_weight_at_a_time(tmp_path):
+    import gc
+    import weakref
+
+    from tinygpt.quantize import block_linears
+
+    config = CONFIGS[0]
+    save_model(_random_model(config), tmp_path / "ckpt")
+    with torch.device("meta"):
+        linears = {f"{name}.weight" for name in block_linears(GPTModel(config))}
+    live: list[weakref.ref] = []
+    most = 0
+
+    def tensors():
+        nonlocal most
+        for name, tensor in read_safetensors(tmp_path / "ckpt" / "model.safetensors", linears.__contains__):
+            gc.collect()
+            most = max(most, sum(ref() is not None for ref in live))  # float block weights still held
+            if name in linears:
+                live.append(weakref.ref(tensor))
+            yield name, tensor
+            del tensor
+
+    model = model_from_tensors(config, tensors(), source="test", quantize="nf4")
+    assert len(live) == len(linears) and most <= 1
+    gc.collect()
+    assert all(ref() is None for ref in live)  # none survives in the model
+    assert sum(b.numel() for n, b in model.named_buffers() if n.endswith("weight_nf4")) * 2 == sum(
+        read.numel() for read in (load_file(tmp_path / "ckpt" / "model.safetensors")[n] for n in linears))
+
+
+def test_quantised_load_refuses_an_unknown_kind(tmp_path):
+    save_model(_random_model(CONFIGS[0]), tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="quantize.*nf4"):
+        load_model(tmp_path / "ckpt", quantize="int8")

@@ -1,11 +1,13 @@
-"""NF4: the same bytes and scales as bitsandbytes' NF4, and the dequantised weight within NF4's error."""
+"""NF4: the same bytes and scales as bitsandbytes' NF4, and the dequantised weight within NF4's error; double
+quantisation: bitsandbytes' dynamic map, scales and mean, and the nearest code."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tinygpt.quantize import NF4_LEVELS, NF4Linear, dequantize_nf4, quantize_nf4
+from tinygpt.quantize import (NF4_LEVELS, NF4Linear, block_linears, dequantize_absmax, dequantize_nf4,
+                              dynamic_levels, quantize_absmax, quantize_linears, quantize_nf4)
 
 
 @pytest.mark.parametrize("shape", [(96, 32), (7, 13), (3, 64)])  # whole blocks, a short last block, an odd count
@@ -64,3 +66,82 @@ def test_nf4_linear_gradient_is_the_plain_products_and_keeps_no_float_weight():
     assert (32, 64) not in [tuple(s) for s in saved]
     (got,) = torch.autograd.grad(out.square().sum(), x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_levels_are_bitsandbytes_map():
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    levels = dynamic_levels()
+    assert levels.shape == (256,) and bool((levels[1:] > levels[:-1]).all())
+    assert torch.equal(levels, bnb.create_dynamic_map(signed=True))
+
+
+def _absmax(blocks: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return quantize_nf4(torch.randn(blocks * 64, generator=g) * 0.05)[1]
+
+
+@pytest.mark.parametrize("blocks", [512, 300])  # whole 256-blocks of absmax values, a short last one
+def test_double_quant_codes_are_the_nearest_level(blocks):
+    absmax = _absmax(blocks)
+    codes, scales, offset = quantize_absmax(absmax)
+    assert codes.dtype == torch.uint8 and codes.shape == absmax.shape and scales.shape == (-(-blocks // 256),)
+    assert torch.equal(offset, absmax.mean())
+    scaled = torch.cat([block / scale for block, scale in zip((absmax - offset).split(256), scales)])
+    distance = (dynamic_levels()[:, None] - scaled).abs()  # [256, n]
+    torch.testing.assert_close(distance[codes.long(), torch.arange(blocks)], distance.min(dim=0).values,
+                               rtol=0, atol=0)
+    back = dequantize_absmax(codes, scales, offset)
+    gap = (dynamic_levels()[1:] - dynamic_levels()[:-1]).max()
+    assert float((back - absmax).abs().max()) <= float(gap / 2 * scales.max()) + 1e-7
+
+
+def test_double_quant_matches_bitsandbytes_compressed_statistics():
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(96, 640, generator=g) * 0.05  # 960 blocks of 64: four absmax blocks, the last short
+    packed, absmax = quantize_nf4(weight)
+    ref_packed, state = bnb.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=True)
+    codes, scales, offset = quantize_absmax(absmax)
+    assert torch.equal(packed, ref_packed.reshape(-1))
+    assert torch.equal(offset, state.offset) and torch.equal(scales, state.state2.absmax)
+    assert state.state2.blocksize == 256 and torch.equal(state.state2.code, dynamic_levels())
+    # bitsandbytes' CPU kernel searches the map approximately: where its code differs, it is a neighbour of ours,
+    # and ours is strictly nearer (bitsandbytes' own pure-torch kernel takes the nearest, as here).
+    differ = codes != state.absmax
+    assert int(differ.sum()) <= codes.numel() // 100
+    assert int((codes.int() - state.absmax.int()).abs().max()) <= 1
+    scaled = (absmax - offset) / scales.repeat_interleave(256)[: absmax.numel()]
+    levels = dynamic_levels()
+    assert bool(((levels[codes.long()] - scaled).abs() < (levels[state.absmax.long()] - scaled).abs())[differ].all())
+    # decoding our codes with bitsandbytes' dequantisation gives our absmax back
+    torch.testing.assert_close(dequantize_absmax(codes, scales, offset),
+                               bnb.dequantize_blockwise(codes, state.state2) + state.offset, rtol=0, atol=1e-7)
+
+
+def test_double_quant_linear_is_smaller_and_within_the_scales_error():
+    linear = torch.nn.Linear(256, 128)
+    plain, dq = NF4Linear.from_linear(linear), NF4Linear.from_linear(linear, double_quant=True)
+    assert torch.equal(dq.weight_nf4, plain.weight_nf4)
+    size = lambda m: sum(b.numel() * b.element_size() for b in m.buffers())  # noqa: E731
+    blocks = 256 * 128 // 64
+    assert size(plain) - size(dq) == blocks * 4 - (blocks + 4 * -(-blocks // 256) + 4)  # float32 absmax -> 8 bits
+    codes, scales, offset = quantize_absmax(plain.weight_absmax)
+    assert torch.equal(dq.absmax(), dequantize_absmax(codes, scales, offset))
+    x = torch.randn(4, 256)
+    torch.testing.assert_close(dq(x), x @ dq.dequantized_weight().T + linear.bias, rtol=1e-5, atol=1e-6)
+    assert "double-quantised" in repr(dq)
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_quantize_linears_replaces_only_the_block_linears(double_quant):
+    from tinygpt import GPTModel, get_config
+
+    torch.manual_seed(0)
+    model = GPTModel(get_config("tiny")).eval()
+    names, head = block_linears(model), model.out_head.weight
+    assert names and all(n.startswith("trf_blocks.") for n in names)
+    assert quantize_linears(model, double_quant=double_quant) == len(names)
+    assert all(isinstance(model.get_submodule(n), NF4Linear) for n in names)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.trf_blocks.modules())
+    assert model.out_head.weight is head  # the head (and the embeddings) stay float
+    assert all(m.double_quant == double_quant for m in model.modules() if isinstance(m, NF4Linear))

@@ -13,8 +13,10 @@ same packing.
 Double quantisation (``"nf4-dq"``, the paper's section 3) stores the absmax values themselves in 8 bits: their mean
 is subtracted (kept as one float32), and the rest is cut into blocks of 256, each scaled by its own absmax (float32)
 and rounded to the nearest of the 256 values of the signed dynamic 8-bit map (Dettmers 2015: a decimal exponent
-and a fraction). That is 8 + 32 / 256 bits per 64 weights instead of 32: 0.373 fewer bits per weight, and
-bitsandbytes' ``quantize_4bit(..., compress_statistics=True)`` (tested: the same bytes, scales and mean).
+and a fraction). That is 8 + 32 / 256 bits per 64 weights instead of 32: 0.373 fewer bits per weight. Against
+bitsandbytes' ``quantize_4bit(..., compress_statistics=True)`` (tested): the same map, scales and mean, and each
+code the nearest level, as bitsandbytes' pure-torch kernel takes it (its CPU kernel's approximate search picks the
+neighbour for a few values in a thousand).
 
 ``NF4Linear`` stands in for a frozen ``Linear``: its product dequantises the weight (levels * absmax, float32, then
 the input's dtype) and runs through ``tinygpt.fast.linear``. ``quantize_linears`` replaces a built model's block
