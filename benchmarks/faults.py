@@ -69,14 +69,19 @@ def measure(shapes: list[tuple[int, int]], repeats: int, quick: bool) -> dict[st
     return result
 
 
-def run(shapes: list[tuple[int, int]], *, rounds: int, repeats: int, quick: bool) -> dict[str, Any]:
-    """``rounds`` children per variant, in turn (A B C A B C ...); per shape and variant, medians over all forwards."""
+def run(shapes: list[tuple[int, int]], *, rounds: int, repeats: int, quick: bool,
+        variants: Sequence[str] | None = None) -> dict[str, Any]:
+    """``rounds`` children per variant, in turn (A B C A B C ...); per shape and variant, medians over all forwards.
+    ``variants``: names from ``VARIANTS`` to run (default all; the first one named is the speedups' baseline)."""
     if rounds < 1 or repeats < 1:
         raise ValueError(f"rounds={rounds} and repeats={repeats} must both be >= 1")
+    chosen = {name: VARIANTS[name] for name in (VARIANTS if variants is None else variants)}
+    if not chosen:
+        raise ValueError("variants: name at least one of " + ", ".join(VARIANTS))
     spec = ",".join(f"{b}x{t}" for b, t in shapes)
-    children: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    children: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for _ in range(rounds):
-        for name, env in VARIANTS.items():
+        for name, env in chosen.items():
             cmd = [sys.executable, "-m", "benchmarks.faults", "--child", "--shapes", spec, "--repeats", str(repeats)]
             if quick:
                 cmd.append("--quick")
@@ -100,10 +105,10 @@ def run(shapes: list[tuple[int, int]], *, rounds: int, repeats: int, quick: bool
                          "time_range_ms": f"{min(times) * 1e3:.0f}-{max(times) * 1e3:.0f}",
                          "faults": statistics.median(faults), "fault_mib": statistics.median(faults) * 4 / 1024,
                          "gflops": gflops, "ceiling_fraction": gflops / ceiling})
-        first = next(iter(VARIANTS))
-        for row in rows[-len(VARIANTS):]:
+        first = next(iter(chosen))
+        for row in rows[-len(chosen):]:
             row["speedup"] = medians[first] / (row["time_ms"] / 1e3)
-    return {"rounds": rounds, "repeats": repeats, "ceiling_gflops": ceiling, "variants": VARIANTS, "rows": rows}
+    return {"rounds": rounds, "repeats": repeats, "ceiling_gflops": ceiling, "variants": chosen, "rows": rows}
 
 
 def table(result: dict[str, Any]) -> str:

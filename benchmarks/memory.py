@@ -57,12 +57,13 @@ def measure(impl: str, work: str, quick: bool) -> dict[str, Any]:
     return {"impl": impl, "work": work, "peak_rss_mib": _peak_mib()}
 
 
-def run(quick: bool, works: tuple[str, ...] = WORKS) -> dict[str, Any]:
+def run(quick: bool, works: tuple[str, ...] = WORKS, impls: tuple[str, ...] = IMPLS) -> dict[str, Any]:
+    """A fresh process per work and implementation (``impls``: a subset of ``IMPLS``, default both)."""
     from .models import available
 
     rows = []
-    skipped = [] if available("hf") else ["hf"]
-    impls = [impl for impl in IMPLS if impl not in skipped]
+    skipped = [] if available("hf") or "hf" not in impls else ["hf"]
+    impls = [impl for impl in IMPLS if impl in impls and impl not in skipped]
     for work in works:
         for impl in impls:  # interleaved, as everywhere
             args = ["--impl", impl, "--work", work, *(["--quick"] if quick else [])]

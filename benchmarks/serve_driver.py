@@ -225,6 +225,9 @@ class Servers:
         return [k for k in wanted if k in self.running]
 
     def stop(self) -> None:
+        for server in self.running.values():  # signal every server first: they shut down side by side
+            if server.process.poll() is None:
+                server.process.terminate()
         for server in self.running.values():
             server.stop()
 

@@ -11,11 +11,6 @@ import torch
 
 from tinygpt import GPTConfig, get_config
 
-# Under pytest-xdist (`-n 2`, the README's command) each worker is one process per core: one intra-op thread each,
-# so the workers do not fight over the cores (tests that need more set their own).
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
-
 
 
 def shared_data_dir() -> Path:

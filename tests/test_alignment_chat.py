@@ -72,7 +72,8 @@ def test_chat_reports_a_line_the_tokenizer_cannot_encode_and_goes_on(chat_tokeni
     assert answered == 1 and len(errors) == 1 and "<|endoftext|>" in errors[0]
 
 
-def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_tokenizer, alignment_config):
+def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_tokenizer, alignment_config, capsys,
+                                                       monkeypatch):
     torch.manual_seed(0)
     examples = [InstructionExample(q, "", a) for q, a in TAUGHT.items()]
     stage = SFTStage(GPTModel(alignment_config), alignment_tokenizer, examples, batch_size=3, val_fraction=0.0)
@@ -83,12 +84,18 @@ def test_a_fine_tuned_model_answers_what_it_was_taught(tmp_path, alignment_token
     chat(stage.policy, stage.tokenizer, [f"{q}\n" for q in TAUGHT], out, max_new_tokens=40)
     assert out.text.splitlines() == list(TAUGHT.values())  # each answer ended at the learned end-of-text
 
-    # The same through the command line, with the questions piped into stdin.
-    questions = "".join(f"{q}\n" for q in TAUGHT)
-    done = subprocess.run([sys.executable, "-m", "tinygpt", "chat", "--model", str(tmp_path / "sft")],
-                          input=questions, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == list(TAUGHT.values())
+    # The same through the command line (its own main, from the saved checkpoint), the questions on stdin; a real
+    # process reading a real pipe is test_a_closed_pipe_ends_chat_quietly's.
+    import io
+
+    from tinygpt.cli import main
+
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{q}\n" for q in TAUGHT)))
+    code = main(["chat", "--model", str(tmp_path / "sft")])
+    done = capsys.readouterr()
+    assert code == 0, done.err
+    assert done.out.splitlines() == list(TAUGHT.values())
 
     # And served: the checkpoint's own template (tokenizer_config.json, written by SFT) renders the chat.
     import httpx

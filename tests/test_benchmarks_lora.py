@@ -16,14 +16,22 @@ def test_quick_lora_benchmark_has_a_row_per_configuration(tmp_path, monkeypatch)
     if not (lora.SHARED_DATA / "instruction-data.json").exists():
         pytest.skip("instruction data not found")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    configs = ("full", "qlora-r8", "qlora-dq-r8", "peft-r8", "dpo-lora-r8")  # a process each: a few, not all
+    # Every process costs seconds of imports: `run` spawns one each for the rows its ratios need (full, QLoRA,
+    # peft); the other kinds (double-quantised QLoRA, DPO with LoRA) are measured here by the same function a child
+    # runs, and their trainable counts checked against the children's.
+    configs = ("full", "qlora-r8", "peft-r8")
     result = lora.run(True, configs=configs, steps=2)
     rows = {r["config"]: r for r in result["rows"]}
     assert set(rows) == set(configs) - set(result["not_available"])
+    start = lora.save_start("gpt2-small", True, tmp_path / "start")
+    for name in ("qlora-dq-r8", "dpo-lora-r8"):
+        rows[name] = lora.measure(name, "gpt2-small", steps=2, batch=1, tokens=128, quick=True, start=start)
+        assert rows[name]["config"] == name and rows[name]["size"] == "tiny" and rows[name]["steps"] == 2
     # r (in + out) for QKV (64 -> 192) and the output projection (64 -> 64), two layers
     expected = 2 * 8 * ((64 + 192) + (64 + 64))
     assert rows["qlora-r8"]["trainable"] == rows["qlora-dq-r8"]["trainable"] == rows["dpo-lora-r8"]["trainable"]
     assert rows["qlora-r8"]["trainable"] == expected
+    assert rows["full"]["trainable"] > 10 * expected  # every weight
     if "peft-r8" in rows:
         assert rows["peft-r8"]["trainable"] == rows["qlora-r8"]["trainable"]
         assert rows["qlora-r8"]["speed_x_peft"] > 0 and rows["qlora-r8"]["rss_x_full"] > 0

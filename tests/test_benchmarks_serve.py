@@ -4,6 +4,7 @@ asserted."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -25,12 +26,29 @@ def test_prompts_have_the_asked_lengths():
     assert len(set(lengths)) > 3 and min(lengths) >= 12 and max(lengths) <= 68  # re-encoding may merge a little
 
 
+def _hf_serve_installed() -> bool:
+    return importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("fastapi") is not None
+
+
+@pytest.fixture(scope="module")
+def workloads_run():
+    """One quick run of every workload, this checkout as both the server and its "before" (hf off): five server
+    processes, started once for the tests that read it."""
+    checkout = Path(__file__).resolve().parents[1]
+    return serve.run(quick=True, clients=(1, 2), new_tokens=4, requests=1, hf=False, rounds=1,
+                     workloads=serve.wl.WORKLOADS, before=checkout, phase_seconds=60)
+
+
 @pytest.mark.slow
-def test_quick_run_serves_every_request_on_both_servers():
-    hf = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("fastapi") is not None
-    result = serve.run(quick=True, clients=(1, 2), new_tokens=4, requests=1, hf=hf)
+def test_quick_run_serves_every_request_on_both_servers(request):
+    hf = _hf_serve_installed()
+    # Without HF's server the run would hold tinygpt's rows only, which the every-workload run already has: its
+    # throughput rows are checked here (same clients, requests and tokens) rather than starting a server again.
+    result = (serve.run(quick=True, clients=(1, 2), new_tokens=4, requests=1, hf=True) if hf
+              else request.getfixturevalue("workloads_run"))
     rows = {(r["impl"], r["clients"]): r for r in result["rows"]}
-    impls = ["tinygpt serve"] + (["HF transformers serve"] if hf and "hf" not in result["not_available"] else [])
+    hf_label = serve.LABELS["hf"]
+    impls = ["tinygpt serve"] + ([hf_label] if hf and hf_label not in result["not_available"] else [])
     for impl in impls:
         for c in (1, 2):
             row = rows[(impl, c)]
@@ -94,12 +112,8 @@ def test_offline_speculative_rows_agree_with_plain_decoding():
 
 
 @pytest.mark.slow
-def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(tmp_path):
-    from pathlib import Path
-
-    checkout = Path(__file__).resolve().parents[1]
-    result = serve.run(quick=True, clients=(1, 2), new_tokens=4, requests=1, hf=False, rounds=1,
-                       workloads=serve.wl.WORKLOADS, before=checkout, phase_seconds=60)
+def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(workloads_run):
+    result = workloads_run
     impls = {r["impl"] for r in result["rows"]}
     assert {"tinygpt serve", "tinygpt serve (before)", "tinygpt offline generate"} <= impls
     assert result["same_text_before"] == {1: 1.0, 2: 1.0}  # the same code, greedy: the same text

@@ -20,6 +20,25 @@ TEXT = ("The river ran past the mill and under the old stone bridge, where the c
         "evenings and the miller's dog slept in the shade. ") * 6
 
 
+@pytest.fixture(scope="module")
+def one_task_index():
+    """lm-eval's ``TaskManager`` indexes its thousands of task files (seconds) each time it is built: the commands
+    of this module share one, built for real by the first command that asks, per set of arguments (the same task
+    folders give the same index; lm-eval's own evaluator shares one manager between runs just so)."""
+    lm_eval_tasks = pytest.importorskip("lm_eval.tasks")
+    real, built = lm_eval_tasks.TaskManager, {}
+
+    def shared(*args, **kwargs):
+        key = repr((args, sorted(kwargs.items())))
+        if key not in built:
+            built[key] = real(*args, **kwargs)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval_tasks, "TaskManager", shared)  # resolve_tasks imports it at each call
+        yield built
+
+
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(["eval", *argv])
     out, err = capsys.readouterr()
@@ -63,7 +82,7 @@ def test_perplexity_of_a_prepared_corpus(eval_model_dirs, tmp_path, capsys, gpt2
     assert f"({len(val) - 1:,} tokens scored" in out
 
 
-def test_shipped_task_through_the_command(eval_model_dirs, capsys):
+def test_shipped_task_through_the_command(eval_model_dirs, capsys, one_task_index):
     pytest.importorskip("lm_eval")
     code, out, _ = _run(capsys, "--model", str(eval_model_dirs[0]), "--tasks", "tinygpt_choice", "--limit", "3",
                         "--json", "--no-progress")
@@ -73,14 +92,14 @@ def test_shipped_task_through_the_command(eval_model_dirs, capsys):
     assert all(figures[k] * 3 == round(figures[k] * 3) for k in ("acc", "acc_norm"))
 
 
-def test_unknown_task_name(eval_model_dirs, capsys):
+def test_unknown_task_name(eval_model_dirs, capsys, one_task_index):
     pytest.importorskip("lm_eval")
     line = _one_line_error(capsys, "--model", str(eval_model_dirs[0]), "--tasks", "tinygpt_choice,no_such_task")
     assert "unknown task 'no_such_task'" in line and "tinygpt_lastword" in line
 
 
 @pytest.mark.slow  # lm-eval indexes its thousands of task files first
-def test_a_task_whose_data_cannot_be_downloaded_is_a_one_line_error(eval_model_dirs, capsys):
+def test_a_task_whose_data_cannot_be_downloaded_is_a_one_line_error(eval_model_dirs, capsys, one_task_index):
     pytest.importorskip("lm_eval")
     line = _one_line_error(capsys, "--model", str(eval_model_dirs[0]), "--tasks", "hellaswag", "--limit", "2")
     assert "--tasks hellaswag: cannot download the task's data" in line and "tinygpt_choice" in line

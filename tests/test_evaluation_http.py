@@ -52,19 +52,33 @@ def served(tmp_path_factory):
         yield model, tokenizer, folder, server
 
 
+@pytest.fixture(scope="module")
+def manager():
+    return resolve_tasks(list(SHIPPED_TASKS))[1]  # indexing lm-eval's task files takes seconds: once per module
+
+
+def _evaluate(model, manager, **kwargs):
+    return lm_eval.simple_evaluate(model=model, tasks=list(SHIPPED_TASKS), task_manager=manager, limit=LIMIT,
+                                   log_samples=True, bootstrap_iters=0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def in_process(served, manager):
+    """tinygpt's own class on the served weights: the reference both tokenizer backends are compared with."""
+    model, tokenizer, _, _ = served
+    return _evaluate(TinyGPTLM(model=model, tokenizer=tokenizer, progress=False), manager)
+
+
 @pytest.mark.parametrize("backend", ["huggingface", "remote"])
-def test_local_completions_against_tinygpt_serve_match_in_process(served, backend):
+def test_local_completions_against_tinygpt_serve_match_in_process(served, manager, in_process, backend):
     """``huggingface``: lm-eval tokenizes with the export's files; ``remote``: with the server's /tokenizer_info,
     /tokenize and /detokenize, no tokenizer files at all."""
-    model, tokenizer, folder, server = served
-    _, manager = resolve_tasks(list(SHIPPED_TASKS))
+    _, _, folder, server = served
     tokenizer_args = f"tokenizer_backend=huggingface,tokenizer={folder}" if backend == "huggingface" else (
         "tokenizer_backend=remote")
     args = (f"base_url={server.url}/v1/completions,model=tiny,{tokenizer_args},"
             f"max_length=256,num_concurrent=1,max_retries=1,timeout=120")
-    common = dict(tasks=list(SHIPPED_TASKS), task_manager=manager, limit=LIMIT, log_samples=True, bootstrap_iters=0)
-    over_http = lm_eval.simple_evaluate(model="local-completions", model_args=args, **common)
-    in_process = lm_eval.simple_evaluate(model=TinyGPTLM(model=model, tokenizer=tokenizer, progress=False), **common)
+    over_http = _evaluate("local-completions", manager, model_args=args)
     compared = {"loglikelihood": 0, "generate_until": 0}
     for task in SHIPPED_TASKS:
         http_results, ours = over_http["results"][task], in_process["results"][task]

@@ -15,6 +15,7 @@ from tinygpt.tokenizer import BPETokenizer, CharTokenizer, gpt2_tokenizer
 gguf = pytest.importorskip("gguf")
 from tinygpt.interop.gguf import (gguf_architecture, gguf_tensors, load_gguf, quantize_tensor,  # noqa: E402
                                   read_gguf, write_gguf)
+from tinygpt.interop.gguf_vocab import tokenizer_from_metadata  # noqa: E402
 
 TEXT = "Hello, world! GGUF carries tinygpt into llama.cpp: naïve café, 1234 tokens.\n  Twice  spaced."
 CHAR_TEXT = "first citizen:\nbefore we proceed any further, hear me speak. café €5!"
@@ -42,31 +43,25 @@ def gpt2_tok(gpt2_vocab_dir):
 
 
 # ------------------------------------------------------------------------------------------------ f32: references
-@pytest.mark.parametrize("vocab", ["gpt2", "char"])
-def test_f32_export_loads_in_transformers_with_the_same_logits(tmp_path, gpt2_vocab_dir, vocab):
+@pytest.mark.parametrize("variant", ["default", "gpt2"])
+def test_f32_export_loads_in_transformers_with_the_same_logits(tmp_path, variant):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    if vocab == "gpt2":  # the default config: no QKV bias (written as zeros), untied head
-        tokenizer, kw = gpt2_tokenizer(gpt2_vocab_dir), {}
-    else:  # GPT-2's own choices: QKV bias, tied head (no output.weight in the file)
-        tokenizer, kw = CharTokenizer(CHAR_TEXT), dict(qkv_bias=True, tie_weights=True)
+    # default: no QKV bias (written as zeros), untied head; gpt2: GPT-2's own choices, QKV bias and a tied head (no
+    # output.weight in the file). The character vocabulary keeps the file small; the GPT-2 vocabulary's metadata is
+    # checked below.
+    kw = {} if variant == "default" else dict(qkv_bias=True, tie_weights=True)
+    tokenizer = CharTokenizer(CHAR_TEXT)
     model = _model(tokenizer.vocab_size, **kw)
     write_gguf(model, tmp_path / "m.gguf", tokenizer)
     # transformers reads n_ctx from the GGUF but leaves n_positions at 1024: the config is passed (context 32)
     config = transformers.GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_ctx=32, n_embd=64, n_layer=2,
                                      n_head=4)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", config=config).eval()
-    ids = tokenizer.encode((TEXT if vocab == "gpt2" else CHAR_TEXT))[:32]
+    ids = tokenizer.encode(CHAR_TEXT)[:32]
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits
     torch.testing.assert_close(_logits(model, ids), theirs, rtol=0, atol=1e-6)  # float32
-    if vocab == "gpt2":  # the tokenizer rebuilt from the metadata alone
-        fields = read_gguf(tmp_path / "m.gguf").fields
-        assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
-        assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.bos_token_id"] == 50256
-        assert fields["tokenizer.ggml.token_type"][50256] == 3 and len(fields["tokenizer.ggml.merges"]) == 50000
-        rebuilt = load_gguf(tmp_path / "m.gguf")[1]
-        assert rebuilt.kind == "gpt2" and rebuilt.encode(TEXT) == tokenizer.encode(TEXT)
 
 
 def test_llama_export_loads_in_transformers_with_the_same_logits(tmp_path):
@@ -167,6 +162,12 @@ def test_transformers_reads_the_gpt2_vocabulary_of_the_export(tmp_path, gpt2_tok
     write_gguf(_model(50257, n_layers=1), tmp_path / "m.gguf", gpt2_tok)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
     assert theirs(TEXT, add_special_tokens=False)["input_ids"] == gpt2_tok.encode(TEXT)
+    fields = read_gguf(tmp_path / "m.gguf").fields  # and tinygpt rebuilds it from the metadata alone
+    assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
+    assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.bos_token_id"] == 50256
+    assert fields["tokenizer.ggml.token_type"][50256] == 3 and len(fields["tokenizer.ggml.merges"]) == 50000
+    rebuilt = tokenizer_from_metadata(fields, tmp_path, pytest.fail)  # what load_gguf does, without a re-parse
+    assert rebuilt.kind == "gpt2" and rebuilt.encode(TEXT) == gpt2_tok.encode(TEXT)
 
 
 def test_trained_bpe_and_char_vocabularies_rebuilt_from_the_metadata(tmp_path):

@@ -317,7 +317,7 @@ def test_speculative_sampling_with_a_model_follows_its_distribution():
     cfg = GenerationConfig(max_new_tokens=3, temperature=0.9)
     gen = torch.Generator().manual_seed(0)
     drafter = DraftModel(_model(TINY3, seed=6), temperature=0.9, generator=gen)
-    n = 2000
+    n = 1000
     for draft in ("lookup", drafter):
         counts: dict = {}
         drafted = 0

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,27 @@ def _wait_for_steps(metrics: Path, proc: subprocess.Popen, steps: int = 3, timeo
     pytest.fail("the run did not reach its loop in time")
 
 
+def _in_process(capsys, monkeypatch, cwd: Path, args: list[str]) -> tuple[int, str]:
+    """``tinygpt *args`` run by the command's own ``main`` in this process (what ``python -m tinygpt`` calls), from
+    ``cwd``, on one thread as the subprocesses (OMP_NUM_THREADS=1), with deprecation warnings as errors as ENV makes
+    them there: (exit code, stderr). The signalled run stays a real process; its continuation need not pay for a
+    second interpreter and torch import."""
+    from tinygpt.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            warnings.simplefilter("error", FutureWarning)
+            code = main(args)
+    finally:
+        torch.set_num_threads(threads)
+    return code, capsys.readouterr().err
+
+
 def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=120)
@@ -67,7 +89,7 @@ def config_file(tmp_path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_checkpoints_says_how_to_resume_and_the_resume_is_exact(tmp_path, training_text_file, config_file,
-                                                                         signum, code):
+                                                                         signum, code, capsys, monkeypatch):
     run = tmp_path / "run"
     proc = _start(_train_args(training_text_file, config_file, run, 100_000), tmp_path)
     _wait_for_steps(run / "metrics.jsonl", proc)
@@ -89,21 +111,20 @@ def test_a_signal_checkpoints_says_how_to_resume_and_the_resume_is_exact(tmp_pat
     resume = shlex.split(last.split("resume with: ", 1)[1])
     assert resume[:2] == ["tinygpt", "train"] and resume[-2:] == ["--resume", "auto"]
     end = ["--stop-after", str(step + 3)]
-    resumed = subprocess.run([sys.executable, "-m", "tinygpt", *resume[1:], *end], cwd=tmp_path, env=ENV,
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {run}/step-{step} at step {step}" in resumed.stderr
-    straight = subprocess.run([sys.executable, "-m", "tinygpt",
-                               *_train_args(training_text_file, config_file, tmp_path / "straight", 100_000), *end],
-                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-2000:]
+    resumed, err = _in_process(capsys, monkeypatch, tmp_path, [*resume[1:], *end])
+    assert resumed == 0, err[-2000:]
+    assert f"resumed from {run}/step-{step} at step {step}" in err
+    straight, err = _in_process(capsys, monkeypatch, tmp_path,
+                                [*_train_args(training_text_file, config_file, tmp_path / "straight", 100_000), *end])
+    assert straight == 0, err[-2000:]
     a = load_file(run / f"step-{step + 3}" / "model.safetensors")
     b = load_file(tmp_path / "straight" / f"step-{step + 3}" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_at_once_even_inside_a_checkpoint_write(tmp_path, training_text_file, config_file):
+def test_a_second_ctrl_c_stops_at_once_even_inside_a_checkpoint_write(tmp_path, training_text_file, config_file,
+                                                                       capsys, monkeypatch):
     from tinygpt.training.checkpointing import FAULT_ENV
 
     run = tmp_path / "run"
@@ -129,13 +150,12 @@ def test_a_second_ctrl_c_stops_at_once_even_inside_a_checkpoint_write(tmp_path, 
     assert "Traceback" not in err and "stopped at once" in err.strip().splitlines()[-1], err
     assert [s for s, _ in list_checkpoints(run)] == [5]  # the complete one stays; the half-written one is gone
     assert not any(p.name.startswith(".") for p in run.iterdir())
-    resumed = subprocess.run([sys.executable, "-m", "tinygpt", *args, "--stop-after", "6", "--resume", "auto"],
-                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0 and f"resumed from {run}/step-5 at step 5" in resumed.stderr, resumed.stderr
+    resumed, err = _in_process(capsys, monkeypatch, tmp_path, [*args, "--stop-after", "6", "--resume", "auto"])
+    assert resumed == 0 and f"resumed from {run}/step-5 at step 5" in err, err
 
 
 @pytest.mark.slow
-def test_sigterm_during_sft_checkpoints_and_resumes(tmp_path, alignment_model_dir):
+def test_sigterm_during_sft_checkpoints_and_resumes(tmp_path, alignment_model_dir, capsys, monkeypatch):
     from conftest import INSTRUCTION_DATA
 
     run = tmp_path / "sft"
@@ -152,9 +172,8 @@ def test_sigterm_during_sft_checkpoints_and_resumes(tmp_path, alignment_model_di
     assert last.startswith(f"tinygpt sft: interrupted by SIGTERM at step {step} of 100000; saved {run}/step-{step}")
     resume = shlex.split(last.split("resume with: ", 1)[1])[1:]
     resume[resume.index("--max-steps") + 1] = str(step + 1)
-    resumed = subprocess.run([sys.executable, "-m", "tinygpt", *resume], cwd=tmp_path, env=ENV, capture_output=True,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0 and f"resumed from {run}/step-{step} at step {step}" in resumed.stderr, resumed.stderr
+    resumed, err = _in_process(capsys, monkeypatch, tmp_path, resume)
+    assert resumed == 0 and f"resumed from {run}/step-{step} at step {step}" in err, err
 
 
 def test_the_shared_refusals(tmp_path):

@@ -59,6 +59,9 @@ def resolve_tasks(names: str | list[str], include_path: str | Path | None = None
     if include_path is not None:
         check_task_files(include_path)
         paths.append(Path(include_path))
+    if include_path is None and set(wanted) <= set(SHIPPED_TASKS):
+        # only tinygpt's own tasks: index just their folder, not lm-eval's few thousand task files (seconds saved)
+        return wanted, TaskManager(include_path=[str(TASKS_DIR)], include_defaults=False)
     manager = TaskManager(include_path=[str(p) for p in paths])
     known = set(manager.all_tasks)
     unknown = [n for n in wanted if n not in known]
