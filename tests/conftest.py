@@ -11,6 +11,11 @@ import torch
 
 from tinygpt import GPTConfig, get_config
 
+# The README's command runs a pytest-xdist worker per core: one intra-op thread each, so the workers do not fight
+# over the cores (tests that time or compare thread counts set their own).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 
 def shared_data_dir() -> Path:
