@@ -17,7 +17,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-
 def shared_data_dir() -> Path:
     """The public data files tests read (tokenizer vocabularies, corpora): ``$TINYGPT_SHARED_DATA``, else
     ``shared/data`` beside or above the checkout, else ``/work/shared/data`` (the benchmarks look alike)."""
