@@ -37,19 +37,12 @@ def quick_config() -> GPTConfig:
                      tie_weights=True)
 
 
-def loglikelihood_requests(limit: int | None, lm_eval_index: bool = True) -> list[Any]:
-    """The shipped tasks' loglikelihood ``Instance``s, as lm-eval builds them (offline). ``lm_eval_index``: False
-    has lm-eval index only the shipped task folder, not its own few thousand task files too (the same requests,
-    seconds sooner; what ``tinygpt eval`` does is the default)."""
+def loglikelihood_requests(limit: int | None) -> list[Any]:
+    """The shipped tasks' loglikelihood ``Instance``s, as lm-eval builds them (offline)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from tinygpt.evaluation.task_files import TASKS_DIR, resolve_tasks
+    from tinygpt.evaluation.task_files import resolve_tasks
 
-    if lm_eval_index:
-        names, manager = resolve_tasks(list(TASKS))
-    else:
-        from lm_eval.tasks import TaskManager
-
-        names, manager = list(TASKS), TaskManager(include_path=[str(TASKS_DIR)], include_defaults=False)
+    names, manager = resolve_tasks(list(TASKS))
     requests = []
     for task in manager.load(names)["tasks"].values():
         task.build_all_requests(limit=limit, rank=0, world_size=1)
@@ -58,9 +51,8 @@ def loglikelihood_requests(limit: int | None, lm_eval_index: bool = True) -> lis
 
 
 def run(quick: bool, *, repeats: int | None = None, batch_size: int = 16, threads: int | None = None,
-        log: Callable[[str], None] = lambda line: None, lm_eval_index: bool = True) -> dict[str, Any]:
-    """Time both classes on the same requests; returns JSON-able results (``table`` formats them).
-    ``lm_eval_index``: see ``loglikelihood_requests``."""
+        log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Time both classes on the same requests; returns JSON-able results (``table`` formats them)."""
     from lm_eval.models.huggingface import HFLM
     from transformers import GPT2Tokenizer
 
@@ -71,7 +63,7 @@ def run(quick: bool, *, repeats: int | None = None, batch_size: int = 16, thread
     vocab = shared_data_dir() / "gpt2"
     config = quick_config() if quick else gpt2_small()
     repeats = repeats or (1 if quick else 3)
-    requests = loglikelihood_requests(8 if quick else None, lm_eval_index)
+    requests = loglikelihood_requests(8 if quick else None)
     model = build_tinygpt(config)
     tokenizer = gpt2_tokenizer(vocab)
     ours = TinyGPTLM(model=model, tokenizer=tokenizer, batch_size=batch_size, progress=False)

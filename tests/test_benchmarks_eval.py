@@ -11,9 +11,7 @@ from benchmarks import eval as eval_bench  # noqa: E402
 
 @pytest.mark.slow
 def test_quick_run_scores_the_shipped_tasks_with_both_classes(one_thread):
-    # lm-eval indexes only the shipped tasks' folder: the same requests as with its own tasks indexed too (as
-    # `tinygpt eval` does, tested in the evaluation tests), without parsing its few thousand task files.
-    result = eval_bench.run(quick=True, repeats=1, batch_size=4, lm_eval_index=False)
+    result = eval_bench.run(quick=True, repeats=1, batch_size=4)
     assert result["requests"] == 8 + 8 * 4  # 8 last-word items, 8 four-way choices
     assert {r["impl"] for r in result["rows"]} == {"tinygpt", "hf"}
     assert all(r["tokens_per_s"] > 0 and r["samples"] == 1 for r in result["rows"])
