@@ -9,6 +9,7 @@ log-probabilities back through ``echo`` + ``logprobs``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -37,19 +38,25 @@ from conftest import GPT2_VOCAB_DIR  # noqa: E402
 LIMIT = 6
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(model, tokenizer, the HF export folder, the live server); a 256-token context, so that no request of the
-    shipped tasks is truncated (lm-eval's API class truncates to max_length tokens, its HF class to max_length+1)."""
+@contextlib.contextmanager
+def _serve(tmp_path_factory, context: int):
+    """(model, tokenizer, the HF export folder, the live server) for a tiny random GPT-2 with ``context``."""
     if not (GPT2_VOCAB_DIR / "encoder.json").exists():
         pytest.skip(f"GPT-2 vocabulary files not found in {GPT2_VOCAB_DIR}")
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50257, context_length=256, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=True)
+    config = GPTConfig(vocab_size=50257, context_length=context, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=True)
     model, tokenizer = GPTModel(config).eval(), gpt2_tokenizer(GPT2_VOCAB_DIR)
     folder = tmp_path_factory.mktemp("served") / "hf"
     export_hf(model, folder, tokenizer=tokenizer)
     with BackgroundServer(create_app(model, tokenizer, model_name="tiny")) as server:
         yield model, tokenizer, folder, server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A 256-token context: no request of the shipped tasks is cut."""
+    with _serve(tmp_path_factory, 256) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +86,33 @@ def test_local_completions_against_tinygpt_serve_match_in_process(served, manage
     args = (f"base_url={server.url}/v1/completions,model=tiny,{tokenizer_args},"
             f"max_length=256,num_concurrent=1,max_retries=1,timeout=120")
     over_http = _evaluate("local-completions", manager, model_args=args)
+    assert _compare(over_http, in_process) == {"loglikelihood": LIMIT + 4 * LIMIT, "generate_until": LIMIT}
+
+
+def test_requests_longer_than_the_context_are_cut_the_same_way_over_http_and_in_process(tmp_path_factory, manager):
+    """A 24-token context cuts most requests of the shipped tasks (a choice's context + ending, a passage, a
+    question + 12 new tokens). lm-eval's API class keeps max_length - 1 tokens: with max_length = C + 2 it keeps
+    the C + 1 that its HF class and tinygpt's class score, and the server scores a C + 1-token prompt, so every
+    log-likelihood and answer agrees."""
+    context = 24
+    with _serve(tmp_path_factory, context) as (model, tokenizer, _, server):
+        ours = _evaluate(TinyGPTLM(model=model, tokenizer=tokenizer, progress=False), manager)
+        args = (f"base_url={server.url}/v1/completions,model=tiny,tokenizer_backend=remote,"
+                f"max_length={context + 2},num_concurrent=1,max_retries=1,timeout=120")
+        over_http = _evaluate("local-completions", manager, model_args=args)
+        assert _compare(over_http, ours) == {"loglikelihood": LIMIT + 4 * LIMIT, "generate_until": LIMIT}
+        cut = {"loglikelihood": 0, "generate_until": 0}
+        for sample in (s for task in SHIPPED_TASKS for s in ours["samples"][task]):
+            for context_text, second in sample["arguments"]:
+                if isinstance(second, str):  # (context, continuation): cut when both exceed the C + 1 window
+                    cut["loglikelihood"] += len(tokenizer.encode(context_text + second)) > context + 1
+                else:  # (context, gen_kwargs): cut when more than C + 1 - max_gen_toks tokens
+                    cut["generate_until"] += len(tokenizer.encode(context_text)) > context + 1 - 12
+        assert cut["loglikelihood"] >= 20 and cut["generate_until"] >= 2, cut  # the cut really happened
+
+
+def _compare(over_http, in_process) -> dict[str, int]:
+    """Assert the same metrics, log-likelihoods (1e-4) and answers; how many responses of each kind compared."""
     compared = {"loglikelihood": 0, "generate_until": 0}
     for task in SHIPPED_TASKS:
         http_results, ours = over_http["results"][task], in_process["results"][task]
@@ -97,4 +131,4 @@ def test_local_completions_against_tinygpt_serve_match_in_process(served, manage
                 else:
                     assert x[0][0] == pytest.approx(y[0][0], abs=1e-4) and x[0][1] == y[0][1]
                     compared["loglikelihood"] += 1
-    assert compared == {"loglikelihood": LIMIT + 4 * LIMIT, "generate_until": LIMIT}
+    return compared

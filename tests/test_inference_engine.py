@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference_support import VARIANTS, unchecked, variant_model
-from tinygpt import GenerationConfig, generate
+from tinygpt import GenerationConfig, generate, generate_greedy
 from tinygpt.inference.engine import InferenceEngine
 from tinygpt.inference.row import Row
 
@@ -72,6 +72,24 @@ def test_random_schedules_give_every_row_what_it_gives_alone(variant):
         hits += engine.blocks.hits
         chunked += engine.scheduler.token_budget is not None
     assert preemptions > 0 and hits > 0 and chunked > 0  # the schedules really exercised all three
+
+
+def test_prompts_longer_than_the_context_are_queued_once_and_slide_as_the_uncached_loop():
+    """Rows whose prompts already exceed C (sliding: each step sees the last C tokens) batched with room for all:
+    each is queued once (it was queued twice, ran twice at once and broke the block tables) and gives the
+    chapter's uncached loop's tokens."""
+    model = variant_model("gpt2")
+    c = model.config.context_length
+    prompts = [list(range(1, c + 2)), list(range(5, c + 12)), [7, 8, 9]]
+    cfg = GenerationConfig(max_new_tokens=5)
+    engine = InferenceEngine(model, max_rows=3, block_size=8)
+    rows = [engine.add(Row(p, cfg)) for p in prompts]
+    assert list(engine.scheduler.waiting) == rows
+    engine.run_until_done()
+    for prompt, row in zip(prompts, rows):
+        expected = generate_greedy(model, torch.tensor([prompt]), 5, c)[0, len(prompt):].tolist()
+        assert row.tokens[row.prompt_len:] == expected
+    assert engine.blocks.all_free()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -105,6 +105,18 @@ def test_max_tokens_must_fit_the_context_and_the_default_is_cut_to_fit():
         fit_max_tokens(None, 16, 65, 64)
 
 
+def test_a_scored_prompt_may_hold_one_token_more_than_the_context():
+    """echo + logprobs: the C + 1-token window lm-eval's HF class scores; one new token fits after it (and after C)."""
+    assert fit_max_tokens(None, 16, 65, 64, scoring=True) == 1
+    assert fit_max_tokens(1, None, 65, 64, scoring=True) == 1
+    assert fit_max_tokens(None, 16, 64, 64, scoring=True) == 1
+    assert fit_max_tokens(None, 16, 10, 64, scoring=True) == 16
+    with pytest.raises(APIError, match="at most 1 fit"):
+        fit_max_tokens(2, None, 65, 64, scoring=True)
+    with pytest.raises(APIError, match=r"has 66 tokens, more than the model's context of 64 tokens \(\+ 1 when"):
+        fit_max_tokens(None, 16, 66, 64, scoring=True)
+
+
 def test_json_tokenize_detokenize_inspect():
     with pytest.raises(APIError, match="not valid JSON"):
         parse_json(b"{")

@@ -12,9 +12,14 @@ The requests are lm-eval's three kinds:
   context of a multiple-choice question run once).
 - ``loglikelihood_rolling`` (text): lm-eval's own disjoint rolling windows of C tokens after the end-of-text
   prefix (``lm_eval.utils.get_rolling_token_windows``), the same windows its HF class scores.
-- ``generate_until`` (context, gen_kwargs): ``tinygpt.stream`` (the KV-cached engine), a batch of prompts at a
-  time, stopping when every row has produced a stop text (or the end-of-text token, or ``max_gen_toks``); the text
-  is cut before the first stop text, as lm-eval's HF class cuts it.
+- ``generate_until`` (context, gen_kwargs): ``tinygpt.stream`` (the KV-cached engine) on the last
+  ``C + 1 - max_gen_toks`` tokens of each context (all that fit: the last new token is never fed), a batch of
+  prompts at a time, stopping when every row has produced a stop text (or the end-of-text token, or
+  ``max_gen_toks``); the text is cut before the first stop text, as lm-eval's HF class cuts it.
+
+Requests longer than the context are cut as lm-eval's ``local-completions`` against ``tinygpt serve`` cuts them with
+``max_length=C+2`` (its API class keeps ``max_length - 1`` tokens; the server scores a C + 1-token prompt), so the
+in-process and HTTP scores agree on every request.
 """
 
 from __future__ import annotations
@@ -192,14 +197,16 @@ class TinyGPTLM(TemplateLM):
                 kwargs = dict(normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks))
                 until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
                 max_new = int(kwargs.pop("max_gen_toks"))
-                if max_new >= self.max_length:
-                    raise ValueError(f"max_gen_toks={max_new} must be less than the context of {self.max_length}")
+                if max_new > self.max_length:
+                    raise ValueError(f"max_gen_toks={max_new} must be at most the context of {self.max_length}")
                 sampled = bool(kwargs.get("do_sample"))  # normalize_gen_kwargs made temperature 0 otherwise
                 settings = GenerationConfig(
                     max_new_tokens=max_new, temperature=float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
                     top_p=float(kwargs.get("top_p") or 1.0), eos_id=self.tokenizer.eot_id,
                 )
-                prompts = {i: self.tok_encode(requests[i].args[0])[-(self.max_length - max_new):] or
+                # the last new token is never fed back, so C + 1 - max_new prompt tokens fit (one more than lm-eval's
+                # HF class keeps; what its API class keeps with max_length = C + 2, so HTTP and in process agree)
+                prompts = {i: self.tok_encode(requests[i].args[0])[-(self.max_length + 1 - max_new):] or
                            [self.prefix_token_id] for i in indices}
                 order = sorted(indices, key=lambda i: -len(prompts[i]))
                 for start in range(0, len(order), self.batch_size_per_call):

@@ -134,7 +134,7 @@ class InferenceEngine:
         if row.config is not None and row.config.max_new_tokens == 0:
             row.finish_reason = "length"  # nothing to do
             return row
-        self._apply_window(row)
+        self._move_window(row)
         self.scheduler.add(row)
         return row
 
@@ -157,14 +157,18 @@ class InferenceEngine:
             return 0
         return self.speculative_tokens
 
-    def _apply_window(self, row: Row) -> bool:
+    def _move_window(self, row: Row) -> bool:
         """Move a generation row's window when it outgrew the context (``GenerationConfig.overflow``)."""
         if row.config is None or row.window_length <= self.context:
             return False
         keep = self.context if row.config.overflow == "slide" else (row.config.shift_keep or self.context // 2)
         row.window_start = len(row.tokens) - keep
-        self.scheduler.requeue(row)
         return True
+
+    def _apply_window(self, row: Row) -> None:
+        """A queued or running row whose window moved is recomputed from its new start."""
+        if self._move_window(row):
+            self.scheduler.requeue(row)
 
     # ------------------------------------------------------------------------------------------ the step
     @torch.inference_mode()

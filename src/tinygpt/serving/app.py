@@ -112,11 +112,11 @@ async def completions(request: Request) -> Response:
                 for p in req.prompts]
 
     prompts = await asyncio.to_thread(tokenize)
-    limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), state.context)
-              for ids in prompts]
+    scoring = req.echo and req.logprobs is not None
+    limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), state.context,
+                             scoring=scoring) for ids in prompts]
     prompt_texts = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in req.prompts]
-    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs,
-                           req.echo and req.logprobs is not None, adapter)
+    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, scoring, adapter)
     rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
     n_prompt = sum(len(ids) for ids in prompts)
 

@@ -319,12 +319,18 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
 
 
 def fit_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, context: int,
-                   param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+                   param: str = "max_tokens", prompt_param: str = "prompt", scoring: bool = False) -> int:
     """The number of new tokens for a prompt: at most what fits the context (prompt + max_tokens - 1 <= C, the
-    last token is never fed back). A requested count that does not fit is an error; the default is cut to fit."""
-    if prompt_tokens > context:
-        raise bad(prompt_param, f"has {prompt_tokens} tokens, more than the model's context of {context} tokens")
-    fit = context - prompt_tokens + 1
+    last token is never fed back). A requested count that does not fit is an error; the default is cut to fit.
+
+    ``scoring`` (``echo`` with ``logprobs``): the prompt may hold C + 1 tokens, the window lm-eval's HF class
+    scores (the model reads C of them: the last one is only predicted); then one new token fits, read from the
+    last C tokens, as a sliding window (nanoGPT's ``generate``) reads them."""
+    longest = context + 1 if scoring else context
+    if prompt_tokens > longest:
+        raise bad(prompt_param, f"has {prompt_tokens} tokens, more than the model's context of {context} tokens"
+                  + (" (+ 1 when it is only scored, with echo and logprobs)" if scoring else ""))
+    fit = max(context - prompt_tokens + 1, 1)
     if requested is None:
         return fit if default is None else min(default, fit)
     if requested > fit:

@@ -281,7 +281,7 @@ class ServerState:
                 config = GenerationConfig(
                     max_new_tokens=limits[p], temperature=sampling.temperature, top_k=sampling.top_k,
                     top_p=sampling.top_p, repetition_penalty=sampling.repetition_penalty, seed=seed, eos_id=eos_id,
-                    overflow="error")
+                    overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
                     adapter=adapter))
