@@ -28,8 +28,9 @@ def tokenizer() -> BPETokenizer:
 
 def tiny_model(context_length: int = 64, seed: int = 0, **overrides: Any) -> GPTModel:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=tokenizer().vocab_size, context_length=context_length, emb_dim=32, n_heads=2,
-                       n_layers=2, **overrides)
+    fields = dict(vocab_size=tokenizer().vocab_size, context_length=context_length, emb_dim=32, n_heads=2,
+                  n_layers=2)
+    config = GPTConfig(**{**fields, **overrides})
     return GPTModel(config).eval()
 
 

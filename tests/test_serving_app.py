@@ -110,6 +110,26 @@ def test_logprobs_with_echo_score_the_prompt_as_lm_eval_needs(client, model):
     assert lp.token_logprobs[-1] == pytest.approx(max(lp.top_logprobs[-1].values()), abs=1e-6)
 
 
+def test_a_model_with_more_rows_than_its_tokenizer_has_tokens_is_served(model):
+    """A vocabulary padded past the tokenizer's (a multiple of 64, as nanoGPT pads GPT-2's): logprobs name the
+    padding ids (they crashed the response), a prompt may not hold them, the rest is the offline answer."""
+    padded = tiny_model(context_length=32, vocab_size=tokenizer().vocab_size + 20)
+    last = padded.config.vocab_size - 1
+    ids = tokenizer().encode(PROMPT)
+    with torch.no_grad():  # the padding row ties with the prompt's next greedy token: it is in that top 20, and
+        first = int(padded(torch.tensor([ids]))[0, -1].argmax())  # argmax takes the first of a tie: the text's
+        padded.out_head.weight[last] = padded.out_head.weight[first]
+    with live_server(padded, max_batch=2) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        got = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "temperature": 0, "echo": True,
+                                                 "logprobs": 20})
+        assert got.status_code == 200, got.text
+        tops = [t for t in got.json()["choices"][0]["logprobs"]["top_logprobs"] if t]
+        assert any(f"<|id {last}|>" in t for t in tops)
+        assert got.json()["choices"][0]["text"] == PROMPT + tokenizer().decode(offline(padded, ids, 3))
+        bad = http.post("/v1/completions", json={"prompt": ids + [last], "max_tokens": 1})
+        assert bad.status_code == 400 and f"0 <= id < {tokenizer().vocab_size} (the tokenizer's" in bad.text
+
+
 def _offline_chat(model, messages, max_tokens):
     prompt = render_chat([(m["role"], m["content"]) for m in messages])
     return generate_text(model, tokenizer(), prompt, max_new_tokens=max_tokens, stop_texts=CHAT_STOP_TEXTS)

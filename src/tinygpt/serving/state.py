@@ -141,6 +141,9 @@ class ServerState:
         self.draft_model = self._draft(draft_model)
         self.context = model.config.context_length
         self.vocab = model.config.vocab_size
+        # ids a prompt may hold: those with a text (a model may have more rows than its tokenizer has tokens, e.g.
+        # a vocabulary padded to a multiple of 64; those ids have no text and never appear in the training data)
+        self.text_vocab = min(self.vocab, tokenizer.vocab_size)
         self.n_layers = len(model.trf_blocks)
         self.eos_id = getattr(tokenizer, "eot_id", None)
         self.created = int(time.time())
@@ -240,18 +243,25 @@ class ServerState:
 
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         for t in ids:
-            if not 0 <= t < self.vocab:
-                raise bad(param, f"token id {t} is out of range: ids must satisfy 0 <= id < {self.vocab}")
+            if not 0 <= t < self.text_vocab:
+                raise bad(param, f"token id {t} is out of range: ids must satisfy 0 <= id < {self.text_vocab}"
+                          + (f" (the tokenizer's; the model has {self.vocab} rows)" if self.text_vocab < self.vocab
+                             else ""))
         return ids
 
     # ------------------------------------------------------------------------------------------ token text
     def token_bytes(self, token: int) -> bytes:
+        if token >= self.text_vocab:
+            return b""  # a padding row of the model's vocabulary: no text
         get = getattr(self.tokenizer, "token_bytes", None)
         return get(token) if get is not None else self.tokenizer.decode([token]).encode("utf-8")
 
     def token_text(self, token: int) -> str:
         """A token as logprobs show it: its text, or for part of a UTF-8 character OpenAI's "bytes:\\xNN" form
-        (so that distinct tokens never share a key in ``top_logprobs``)."""
+        (so that distinct tokens never share a key in ``top_logprobs``); an id past the tokenizer's (a padded
+        vocabulary's) ``<|id N|>``."""
+        if token >= self.text_vocab:
+            return f"<|id {token}|>"
         text = self.tokenizer.decode([token])
         if "\ufffd" in text:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in self.token_bytes(token))
