@@ -143,7 +143,7 @@ class ServerState:
         self.vocab = model.config.vocab_size
         # ids a prompt may hold: those with a text (a model may have more rows than its tokenizer has tokens, e.g.
         # a vocabulary padded to a multiple of 64; those ids have no text and never appear in the training data)
-        self.text_vocab = min(self.vocab, tokenizer.vocab_size)
+        self.text_vocab = min(self.vocab, getattr(tokenizer, "vocab_size", self.vocab))
         self.n_layers = len(model.trf_blocks)
         self.eos_id = getattr(tokenizer, "eot_id", None)
         self.created = int(time.time())
