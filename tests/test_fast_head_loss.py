@@ -43,6 +43,27 @@ def test_fused_loss_and_gradients_equal_cross_entropy_over_logits(monkeypatch, d
     assert fh[0, :3].abs().max() == 0
 
 
+def test_only_the_rows_with_a_target_reach_the_head(monkeypatch):
+    # SFT ignores every prompt token: those rows must cost no head product (the loss and gradients stay the plain ones).
+    seen = []
+    apply = head_loss._HeadCrossEntropy.apply
+    monkeypatch.setattr(head_loss._HeadCrossEntropy, "apply", lambda h, *rest: seen.append(h.shape[0]) or apply(h, *rest))
+    torch.manual_seed(2)
+    h, weight = torch.randn(3, 8, 16, dtype=torch.float64), torch.randn(29, 16, dtype=torch.float64)
+    targets = torch.randint(0, 29, (3, 8))
+    targets[:, :5] = -100  # a prompt of 5 tokens in each row
+    targets[2, 6] = -100
+    (plain, gh, gw), (fused, fh, fw) = _plain_and_fused(h, weight, targets)
+    assert seen == [8]  # 3 x 3 answer tokens, one of them ignored too
+    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fh, gh, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fw, gw, rtol=1e-12, atol=1e-12)
+    assert fh[:, :5].abs().max() == 0 and fh[2, 6].abs().max() == 0
+    seen.clear()
+    head_cross_entropy(h, weight, torch.randint(0, 29, (3, 8)))  # nothing ignored: no copy, every row
+    assert seen == [24]
+
+
 def test_a_target_with_underflowing_probability_keeps_an_exact_finite_loss():
     # Logits ~ +-1000: softmax gives exactly 0 to most targets in float32, so -log(p) alone would be inf.
     torch.manual_seed(1)

@@ -10,7 +10,8 @@ L = mean_i (logsumexp(z_i) - z_i[t_i]) with z_i = W h_i, the gradient is known i
 so ``head_cross_entropy`` walks the rows in chunks, computes each chunk's logits, its softmax (one pass, into a
 reused buffer), its loss and its two gradient products, and keeps only dL/dh [N, D] and dL/dW [V, D] for the
 backward pass. Same FLOPs (three products), one exp pass instead of two, no [N, V] tensor at all, so the peak
-memory of a training step no longer grows with N x V. Measured by ``python -m benchmarks --only train`` (against
+memory of a training step no longer grows with N x V. Rows whose target is ignored (-100: SFT's prompt tokens,
+most of an instruction example) never reach the head, so there the products shrink to the answer's rows. Measured by ``python -m benchmarks --only train`` (against
 the plain route and the references) and ``python -m benchmarks.ab train`` (its chunks on oneDNN or BLAS).
 
 ``with tinygpt.fast.disabled("loss"):`` computes the plain route instead.
@@ -50,7 +51,8 @@ def head_cross_entropy(
         raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
     v = weight.shape[0]
     flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1).long()
-    real = flat_t[flat_t != ignore_index]
+    keep = flat_t != ignore_index  # [N]
+    real = flat_t[keep]
     lo, hi = (int(real.min()), int(real.max())) if real.numel() else (0, 0)
     if lo < 0 or hi >= v:
         bad = lo if lo < 0 else hi
@@ -58,6 +60,12 @@ def head_cross_entropy(
                          f"(or equal ignore_index={ignore_index})")
     if torch.is_autocast_enabled(h.device.type) or h.dtype != weight.dtype or not is_enabled("loss"):
         return F.cross_entropy(F.linear(flat_h, weight).float(), flat_t, ignore_index=ignore_index)
+    if 0 < real.numel() < flat_t.numel():
+        # Only the rows with a target reach the head: an ignored row adds nothing to the loss or to any gradient, and
+        # SFT ignores every prompt token (most of an instruction example). The [N, D] gradient of the dropped rows
+        # is zero (index_select's backward scatters into zeros).
+        rows = keep.nonzero().squeeze(1)  # [N'], the kept rows in order
+        flat_h, flat_t = flat_h.index_select(0, rows), real
     return _HeadCrossEntropy.apply(flat_h, weight, flat_t, ignore_index)
 
 
