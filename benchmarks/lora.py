@@ -105,7 +105,6 @@ def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick:
     loads ``start`` (``save_start``'s checkpoint) through the stages' loader, which quantises each block linear as
     it reads it; the other rows build the same seed-0 model in memory."""
     import torch
-    import torch.nn.functional as F
 
     from tinygpt import GPTModel
     from tinygpt.lora import LoRAConfig, apply_lora
@@ -131,19 +130,7 @@ def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick:
         torch.manual_seed(0)
         model = GPTModel(config).train()
     if name.startswith("peft"):
-        import peft
-
-        from .models import build_hf
-
-        hf = build_hf(config, weights_from=model)
-        del model
-        model = peft.get_peft_model(hf, peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=True,
-                                                        target_modules=["attn.c_attn", "attn.c_proj"]))
-        model.train()
-
-        def loss_of(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            logits = model(input_ids=inputs).logits  # what labels= computes, with our already shifted targets
-            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        model, loss_of = peft_lora(config, model, r)
     else:
         if r is not None:
             apply_lora(model, LoRAConfig(r=r, alpha=2 * r, targets=TARGETS, quantize=quantize), seed=0)
@@ -170,6 +157,26 @@ def measure(name: str, size: str, *, steps: int, batch: int, tokens: int, quick:
     return {"config": name, "size": "tiny" if quick else size, "trainable": sum(p.numel() for p in trainable),
             "peak_rss_mib": _peak_mib(), "step_s": timed[len(timed) // 2], "val_loss": val_loss,
             "steps": len(train), "batch": batch, "tokens": int(train[0][0].shape[1])}
+
+
+def peft_lora(config, weights_from, r: int):
+    """(Hugging Face GPT-2 with ``weights_from``'s weights under peft LoRA r on c_attn + c_proj, its loss
+    ``(inputs, targets) -> scalar``): what a peft user trains, in train mode. ``weights_from`` is not kept."""
+    import peft
+    import torch.nn.functional as F
+
+    from .models import build_hf
+
+    hf = build_hf(config, weights_from=weights_from)
+    model = peft.get_peft_model(hf, peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=True,
+                                                    target_modules=["attn.c_attn", "attn.c_proj"]))
+    model.train()
+
+    def loss_of(inputs, targets):
+        logits = model(input_ids=inputs).logits  # what labels= computes, with our already shifted targets
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+    return model, loss_of
 
 
 def _measure_dpo(name: str, size: str, policy, tokenizer, batch: int, steps: int, data_dir: Path

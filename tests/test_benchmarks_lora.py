@@ -39,3 +39,18 @@ def test_quick_lora_benchmark_has_a_row_per_configuration(tmp_path, monkeypatch)
     assert all(r["peak_rss_mib"] > 0 and r["step_s"] > 0 for r in rows.values())
     assert "RSS / full" in lora.table(result)
     json.dumps(result)  # what --json writes
+
+
+def test_quick_lora_speed_benchmark_interleaves_both_sides():
+    pytest.importorskip("peft")
+    if not (lora.SHARED_DATA / "instruction-data.json").exists():
+        pytest.skip("instruction data not found")
+    from benchmarks import lora_speed
+
+    result = lora_speed.run(True, ranks=(4,), steps=2)
+    (row,) = result["rows"]
+    assert row["size"] == "tiny" and row["r"] == 4 and row["steps"] == 2 and len(row["tokens"]) == 2
+    assert row["tinygpt_step_s"] > 0 and row["peft_step_s"] > 0 and 0 < row["answer_share"] < 1
+    assert row["speed_x_peft"] == pytest.approx(row["peft_step_s"] / row["tinygpt_step_s"])
+    assert "speed / peft" in lora_speed.table(result)
+    json.dumps(result)

@@ -81,6 +81,48 @@ def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch)
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_training_through_a_frozen_weight_takes_onednn_both_ways_with_f_linear_gradients(monkeypatch, with_bias):
+    # LoRA's base: the weight and bias are frozen, the input needs its gradient. The forward and the backward's
+    # dL/dx = dL/dy W run on the kernel (a spy here, so machines without oneDNN test the choice too).
+    calls = []
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(tuple(weight.shape))
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(onednn, "KERNEL", spy)
+    module = Linear(16, 30, bias=with_bias).requires_grad_(False)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    y = module(x)
+    assert type(y.grad_fn).__name__.startswith("_FrozenLinear")
+    grad_out = torch.randn(2, 5, 30)
+    y.backward(grad_out)
+    assert calls == [(30, 16), (16, 30)]  # the forward, then the backward's product with the transposed weight
+    x_plain = x.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x_plain, module.weight, module.bias).backward(grad_out)
+    torch.testing.assert_close(x.grad, x_plain.grad)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, module.weight, module.bias))
+    module.weight.requires_grad_(True)  # a trained weight: the plain F.linear and its weight gradient
+    module(x).sum().backward()
+    assert len(calls) == 2 and module.weight.grad is not None
+
+
+@pytest.mark.skipif(not onednn.available(), reason="this torch has no oneDNN linear")
+def test_the_frozen_route_on_the_real_kernel_gives_f_linear_gradients():
+    torch.manual_seed(1)
+    weight, bias = torch.randn(97, 40), torch.randn(97)
+    for w in (weight, torch.randn(40, 97).t()):  # a plain weight and a transposed view
+        x = torch.randn(3, 7, 40, requires_grad=True)
+        grad_out = torch.randn(3, 7, 97)
+        linear(x, w, bias).backward(grad_out)
+        with fast.disabled("onednn"):
+            x_plain = x.detach().clone().requires_grad_()
+            linear(x_plain, w, bias).backward(grad_out)
+        torch.testing.assert_close(x.grad, x_plain.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_onednn_kernel_is_used_only_where_it_checks_out(monkeypatch):
     # The kernel is private to torch: it is taken only on x86-64, and only if a small integer product (exact in any
     # summation order) comes out as F.linear's; a kernel that raises or computes something else is never used.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -52,6 +54,31 @@ def test_update_is_scaling_times_b_a_and_gradients_reach_only_adapters():
     model(_ids(), targets=_ids()).backward()
     assert module.lora_A["qkv"].grad is not None and module.lora_B["qkv"].grad is not None
     assert module.base.weight.grad is None and model.tok_emb.weight.grad is None
+
+
+def test_adapter_gradients_are_the_plain_ones_through_the_fast_frozen_base():
+    # The frozen base runs on oneDNN both ways and SFT's ignored targets skip the head: the loss and every adapter's
+    # gradient must be what plain PyTorch (nn.Linear, logits, F.cross_entropy) gives.
+    from tinygpt import fast
+
+    torch.manual_seed(0)
+    model = GPTModel(CONFIG).train()
+    lora.apply_lora(model, lora.LoRAConfig(r=4, alpha=8, targets=("qkv", "out_proj", "ffn_in", "ffn_out")))
+    _randomize_b(model)
+    targets = _ids()
+    targets[:, :6] = -100  # a prompt: no loss there
+    results = []
+    for plain_pytorch in (True, False):
+        with fast.disabled() if plain_pytorch else contextlib.nullcontext():
+            model.zero_grad(set_to_none=True)
+            loss = model(_ids(), targets=targets)
+            loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (plain_loss, plain), (fast_loss, fast_grads) = results
+    torch.testing.assert_close(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    assert plain.keys() == fast_grads.keys() and len(plain) == 2 * 2 * 4
+    for name in plain:
+        torch.testing.assert_close(fast_grads[name], plain[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 def test_adapters_disabled_gives_the_base_and_restores():

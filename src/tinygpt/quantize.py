@@ -186,7 +186,8 @@ class _NF4Product(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         weight = ctx.module.dequantized_weight(grad.dtype)  # [out, in]
-        return grad @ weight, None, None  # [..., out] @ [out, in] -> [..., in]
+        # grad @ W, [..., out] @ [out, in] -> [..., in], as a linear with the transposed weight: oneDNN on a CPU
+        return linear(grad, weight.t()), None, None
 
 
 BUFFER_NAMES = ("weight_nf4", "weight_absmax", "weight_absmax_codes", "weight_absmax_scales", "weight_absmax_offset")

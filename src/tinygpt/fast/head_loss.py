@@ -106,7 +106,9 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 prob.scatter_add_(1, safe_t, torch.where(keep, -1.0, 0.0).to(prob.dtype)[:, None])  # p - onehot
                 if not bool(keep.all()):
                     prob[~keep] = 0.0  # ignored rows: no gradient at all
-                if grad_h is not None:
+                if grad_h is not None and onednn:  # prob @ W as a linear with the transposed weight (a view)
+                    grad_h[start : start + m] = onednn_linear(prob, weight.t())  # [m, D]
+                elif grad_h is not None:
                     torch.mm(prob, weight, out=grad_h[start : start + m])  # [m, D]
                 if grad_w is not None:
                     grad_w.addmm_(prob.t(), hc)  # [V, D]

@@ -1,7 +1,8 @@
 """The linear layers' product on oneDNN, where it computes what ``F.linear`` computes.
 
 ``F.linear`` runs on the BLAS torch was built with (MKL on x86). torch also ships oneDNN (mkldnn), whose linear
-kernel fuses the bias and is faster for inference on a CPU, most of all for the one-row products of decoding.
+kernel fuses the bias and is faster for inference on a CPU, most of all for the one-row products of decoding, and
+for training through a frozen weight (LoRA's base: the forward's product and the backward's dL/dx).
 It is a private torch op, so it is taken only where it is known to be right: x86-64, a self-check at import, and
 ``applies``' rules. The values are the same dot products, up to float32 summation order.
 
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .switch import is_enabled
@@ -49,19 +51,48 @@ def available() -> bool:
     return KERNEL is not None
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether ``linear`` runs x @ weight.T + bias on oneDNN: plain CPU float32 tensors, nothing that needs a
-    gradient, no autocast (which would want the product in bf16), no torch.compile trace (which picks its own
-    kernels), no dispatch mode, tensor subclass or ``torch.func`` transform (``FlopCounterMode``, fake or distributed
-    tensors, ``vmap`` and the like know ``aten`` products, not this one), and not switched off."""
+def _plain_cpu_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Plain CPU float32 tensors, no autocast (which would want the product in bf16), no torch.compile trace (which
+    picks its own kernels), no dispatch mode, tensor subclass or ``torch.func`` transform (``FlopCounterMode``, fake
+    or distributed tensors, ``vmap`` and the like know ``aten`` products, not this one), and not switched off."""
     return (KERNEL is not None and type(x) is torch.Tensor and type(weight) in _PLAIN
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
-            and not (torch.is_grad_enabled()
-                     and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
             and _get_current_dispatch_mode() is None and not torch._C._functorch.is_functorch_wrapped_tensor(x)
             and is_enabled("onednn"))
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``linear`` runs x @ weight.T + bias on oneDNN as a plain product: nothing needs a gradient, and
+    the tensors are plain CPU float32 ones under none of the modes that must see ``aten`` products."""
+    return (not (torch.is_grad_enabled()
+                 and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
+            and _plain_cpu_float32(x, weight, bias))
+
+
+def frozen_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``linear`` runs through ``_FrozenLinear``: the input needs a gradient and the weight and bias do not
+    (a LoRA base, a frozen layer), otherwise as ``applies``."""
+    return (torch.is_grad_enabled() and x.requires_grad and not weight.requires_grad
+            and (bias is None or not bias.requires_grad) and _plain_cpu_float32(x, weight, bias))
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """y = x W^T + b with W and b frozen: both products on oneDNN, the forward's and the backward's dL/dx = dL/dy W
+    (a linear with the transposed weight, a view: no copy of W is kept). Only dL/dx exists, so autograd's own
+    route would be two BLAS products too; oneDNN's are faster on a CPU (``python -m benchmarks.lora_speed``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return onednn_linear(x, weight, bias)  # [..., out]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        return onednn_linear(grad, weight.t()), None, None  # [..., out] -> [..., in]
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,11 +104,14 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``, what ``F.linear`` computes: [..., in] -> [..., out], weight [out, in].
 
-    On oneDNN where ``applies`` (inference on a CPU in float32); everything else (autograd, other devices and
-    dtypes, autocast) is plain ``F.linear``.
+    On oneDNN where ``applies`` (inference on a CPU in float32) or ``frozen_applies`` (training through a frozen
+    weight: LoRA's base); everything else (trained weights, other devices and dtypes, autocast) is plain
+    ``F.linear``.
     """
     if applies(x, weight, bias):
         return onednn_linear(x, weight, bias)
+    if frozen_applies(x, weight, bias):
+        return _FrozenLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
