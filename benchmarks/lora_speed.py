@@ -3,8 +3,7 @@
 ``python -m benchmarks.lora_speed [--quick] [--sizes gpt2-small gpt2-medium] [--ranks 8 16] [--steps N] [--json P]``
 
 ``benchmarks.lora`` runs each configuration in a process of its own, which its peak-RSS column needs, but one
-after another: on a shared machine its step-time ratios move with the load between two processes (0.95x to 1.45x
-for the same code). Here both sides live in one process and take turns, step by step, on the same batches, so
+after another: on a shared machine its step-time ratios move with the load between two processes. Here both sides live in one process and take turns, step by step, on the same batches, so
 whatever slows the machine slows both: tinygpt's LoRA (r on QKV + the attention's output projection, alpha = 2r)
 and peft's LoRA on ``GPT2LMHeadModel`` with the same weights (``lora.peft_lora``), AdamW over the adapters, batch 1,
 rows of the shipped instruction data cut to ``--tokens`` (prompt tokens masked, as SFT does). The side that goes
