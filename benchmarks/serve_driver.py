@@ -198,6 +198,12 @@ class Servers:
         self.running[key] = ServerProcess(LABELS[key], command + list(extra), port, self.tmp_dir, src)
 
     def add_hf(self, key: str, continuous_batching: bool) -> None:
+        from transformers.utils.import_utils import is_serve_available
+
+        if not is_serve_available():  # it would exit at start-up with an ImportError in its log
+            self.not_available[LABELS[key]] = ("transformers serve needs its serving extras (fastapi, pydantic, "
+                                               "uvicorn, openai): pip install 'transformers[serving]'")
+            return
         port = free_port()
         command = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
                    "sys.argv[0] = 'transformers'; sys.exit(main())", "serve", str(self.theirs), "--host",
