@@ -25,6 +25,28 @@ def test_dpo_loss_formula():
     assert loss.item() == pytest.approx(math.log1p(math.exp(-0.75)), rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_response_logprobs_equal_the_sum_over_every_positions_logits(alignment_config, dtype, tol):
+    # DPO's log p(response | prompt) with the head on the response's positions only = the same sum over the full
+    # [B, T, V] logits, and the same gradient.
+    from tinygpt.alignment.logprobs import response_logprobs, sequence_logprobs
+
+    torch.manual_seed(0)
+    model = GPTModel(alignment_config).to(dtype)
+    inputs = torch.randint(0, alignment_config.vocab_size, (3, 12))
+    targets = torch.randint(0, alignment_config.vocab_size, (3, 12))
+    targets[:, :5] = -100  # the prompts
+    targets[1, 9:] = -100  # a shorter response, padded
+    targets[2, :] = -100  # no response at all: log p = 0
+    got = response_logprobs(model, inputs, targets)
+    (g_got,) = torch.autograd.grad(got.sum(), model.tok_emb.weight)
+    want = sequence_logprobs(model(inputs), targets)
+    (g_want,) = torch.autograd.grad(want.sum(), model.tok_emb.weight)
+    assert got.shape == (3,) and got[2] == 0
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=tol, atol=tol)
+    torch.testing.assert_close(g_got, g_want.to(g_got.dtype), rtol=tol, atol=tol)
+
+
 def test_dpo_raises_the_margin_and_keeps_the_reference(tmp_path, alignment_tokenizer, alignment_config):
     torch.manual_seed(0)
     examples = load_preference_data(PREFERENCE_DATA, limit=16)

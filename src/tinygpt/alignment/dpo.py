@@ -26,7 +26,7 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
 from .data import ALPACA_CHAT_TEMPLATE, PreferenceExample, load_preference_data
-from .logprobs import sequence_logprobs
+from .logprobs import response_logprobs
 from ..training.loop import TrainingResult, run_stage
 from ..lora import is_adapted
 from .finetune import SupervisedStage, adapt, load_start_model, reference_model
@@ -70,7 +70,7 @@ class DPOStage(SupervisedStage):
         device = next(model.parameters()).device
         # Chosen and rejected rows in one batch of 2B: one forward instead of two.
         inputs, targets = collate_targets([p.chosen for p in items] + [p.rejected for p in items], self.pad_id)
-        logps = sequence_logprobs(model(inputs.to(device)), targets.to(device))  # [2B]
+        logps = response_logprobs(model, inputs.to(device), targets.to(device))  # [2B]
         return logps[: len(items)], logps[len(items):]
 
     def _reference(self, items: Sequence[EncodedPair]) -> tuple[torch.Tensor, torch.Tensor]:

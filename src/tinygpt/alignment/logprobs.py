@@ -23,6 +23,19 @@ def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return token_logprobs(logits, targets).sum(dim=-1)
 
 
+def response_logprobs(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``sequence_logprobs(model(inputs), targets)`` with the head applied to the response's positions only:
+    inputs, targets [B, T] -> [B]. The prompt's positions (ignored targets, most of an instruction example) never
+    become [V]-wide logits, so neither the head's product nor the log-softmax pays for them. ``model``: a
+    ``GPTModel`` (its ``hidden_states`` and ``out_head``)."""
+    h = model.hidden_states(inputs)  # [B, T, D]
+    keep = targets != IGNORE_INDEX  # [B, T]
+    logp = F.log_softmax(model.out_head(h[keep]).float(), dim=-1)  # [N', V], N' response tokens
+    picked = logp.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1)  # [N']
+    rows = keep.nonzero()[:, 0]  # [N'], the row of each response token
+    return torch.zeros(inputs.shape[0], dtype=picked.dtype, device=picked.device).index_add(0, rows, picked)
+
+
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the next-token distribution at every position: [..., V] -> [...]."""
     logp = F.log_softmax(logits.float(), dim=-1)
