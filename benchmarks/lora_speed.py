@@ -3,10 +3,11 @@
 ``python -m benchmarks.lora_speed [--quick] [--sizes gpt2-small gpt2-medium] [--ranks 8 16] [--steps N] [--json P]``
 
 ``benchmarks.lora`` runs each configuration in a process of its own, which its peak-RSS column needs, but one
-after another: on a shared machine its step-time ratios move with the load between two processes. Here both sides live in one process and take turns, step by step, on the same batches, so
-whatever slows the machine slows both: tinygpt's LoRA (r on QKV + the attention's output projection, alpha = 2r)
-and peft's LoRA on ``GPT2LMHeadModel`` with the same weights (``lora.peft_lora``), AdamW over the adapters, batch 1,
-rows of the shipped instruction data cut to ``--tokens`` (prompt tokens masked, as SFT does). The side that goes
+after another: on a shared machine its step-time ratios move with the load between two processes. Here both
+sides live in one process and take turns, step by step, on the same batches, so whatever slows the machine slows
+both: tinygpt's LoRA (r on QKV + the attention's output projection, alpha = 2r) and peft's LoRA on
+``GPT2LMHeadModel`` with the same weights (``lora.peft_lora``), AdamW over the adapters, batch 1, rows of the
+shipped instruction data cut to ``--tokens`` (prompt tokens masked, as SFT does). The side that goes
 first alternates every step. A step is forward + backward + optimizer step; the first step of each side is a
 warm-up and not counted. Reported per size and rank: each side's median step, the ratio of the medians
 (peft / tinygpt: > 1 is tinygpt faster) and the median of the per-step ratios.
@@ -66,7 +67,8 @@ def compare(size: str, r: int, *, steps: int, tokens: int, quick: bool, data_dir
     ours_s, theirs_s = statistics.median(times["tinygpt"]), statistics.median(times["peft"])
     return {"size": "tiny" if quick else size, "r": r, "steps": len(times["tinygpt"]),
             "tokens": [int(i.shape[1]) for i, _ in batches[1:]],
-            "answer_share": sum(int((t != -100).sum()) for _, t in batches[1:]) / sum(t.numel() for _, t in batches[1:]),
+            "answer_share": (sum(int((t != -100).sum()) for _, t in batches[1:])
+                             / sum(t.numel() for _, t in batches[1:])),
             "tinygpt_step_s": ours_s, "peft_step_s": theirs_s, "speed_x_peft": theirs_s / ours_s,
             "median_step_ratio": statistics.median(p / o for p, o in zip(times["peft"], times["tinygpt"]))}
 

@@ -47,7 +47,8 @@ def test_only_the_rows_with_a_target_reach_the_head(monkeypatch):
     # SFT ignores every prompt token: those rows must cost no head product (the loss and gradients stay the plain ones).
     seen = []
     apply = head_loss._HeadCrossEntropy.apply
-    monkeypatch.setattr(head_loss._HeadCrossEntropy, "apply", lambda h, *rest: seen.append(h.shape[0]) or apply(h, *rest))
+    monkeypatch.setattr(head_loss._HeadCrossEntropy, "apply",
+                        lambda h, *rest: seen.append(h.shape[0]) or apply(h, *rest))
     torch.manual_seed(2)
     h, weight = torch.randn(3, 8, 16, dtype=torch.float64), torch.randn(29, 16, dtype=torch.float64)
     targets = torch.randint(0, 29, (3, 8))

@@ -11,8 +11,9 @@ so ``head_cross_entropy`` walks the rows in chunks, computes each chunk's logits
 reused buffer), its loss and its two gradient products, and keeps only dL/dh [N, D] and dL/dW [V, D] for the
 backward pass. Same FLOPs (three products), one exp pass instead of two, no [N, V] tensor at all, so the peak
 memory of a training step no longer grows with N x V. Rows whose target is ignored (-100: SFT's prompt tokens,
-most of an instruction example) never reach the head, so there the products shrink to the answer's rows. Measured by ``python -m benchmarks --only train`` (against
-the plain route and the references) and ``python -m benchmarks.ab train`` (its chunks on oneDNN or BLAS).
+most of an instruction example) never reach the head, so there the products shrink to the answer's rows.
+Measured by ``python -m benchmarks --only train`` (against the plain route and the references) and
+``python -m benchmarks.ab train`` (its chunks on oneDNN or BLAS).
 
 ``with tinygpt.fast.disabled("loss"):`` computes the plain route instead.
 """
