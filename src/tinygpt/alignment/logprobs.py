@@ -30,8 +30,7 @@ def response_logprobs(model: torch.nn.Module, inputs: torch.Tensor, targets: tor
     ``GPTModel`` (its ``hidden_states`` and ``out_head``)."""
     h = model.hidden_states(inputs)  # [B, T, D]
     keep = targets != IGNORE_INDEX  # [B, T]
-    logp = F.log_softmax(model.out_head(h[keep]).float(), dim=-1)  # [N', V], N' response tokens
-    picked = logp.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1)  # [N']
+    picked = token_logprobs(model.out_head(h[keep]), targets[keep])  # [N', V] -> [N'], N' response tokens
     rows = keep.nonzero()[:, 0]  # [N'], the row of each response token
     return torch.zeros(inputs.shape[0], dtype=picked.dtype, device=picked.device).index_add(0, rows, picked)
 
