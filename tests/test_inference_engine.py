@@ -196,6 +196,24 @@ def test_speculative_greedy_equals_greedy_whatever_the_drafts(variant):
     assert generate(model, prompts, max_new_tokens=18, speculative_tokens=3).rows() == plain  # prompt lookup
 
 
+def test_prompt_lookup_by_each_rows_index_drafts_what_the_scan_drafts():
+    """The default proposer (a ``LookupIndex`` per row) against ``propose_lookup`` scanning the row at every step:
+    the same drafts, so the same counts of drafted and accepted tokens for every row, and the same tokens."""
+    from tinygpt.inference.speculative import propose_lookup
+
+    model = variant_model("gpt2")
+    prompts = [[1, 2, 3, 4, 5, 6] * 3, [7, 8, 9] * 4 + [10], [11, 12, 13, 14], [5, 5, 5, 6, 5, 5]]
+    runs = []
+    for proposer in (None, propose_lookup):
+        engine = InferenceEngine(model, max_rows=3, speculative_tokens=4, proposer=proposer, token_budget=7)
+        rows = [engine.add(Row(p, GenerationConfig(max_new_tokens=20))) for p in prompts]
+        engine.run_until_done()
+        runs.append([(r.tokens, r.drafted, r.accepted) for r in rows])
+        assert all(r.lookup is None for r in rows) == (proposer is not None)
+    assert runs[0] == runs[1]
+    assert sum(drafted for _, drafted, _ in runs[0]) > 0
+
+
 def test_speculative_sampled_rows_repeat_with_their_seed_whatever_their_neighbours():
     model = variant_model("gqa")
     prompt = [1, 2, 3, 4] * 4

@@ -24,7 +24,7 @@ from ..kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager, prefix_root
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify
-from .speculative import DraftController, DraftModels, check_draft_model
+from .speculative import DraftController, DraftModels, LookupIndex, check_draft_model
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
@@ -54,7 +54,9 @@ class InferenceEngine:
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
     ``draft_model`` (a small model sharing the tokenizer, ``speculative.DraftModels``: greedy drafts, a cache per
     row): rows feed up to k draft tokens with their last token and keep what the model's verification accepts (a
-    per-row ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing).
+    per-row ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing). Prompt lookup
+    keeps a ``LookupIndex`` per row over everything the row has seen (a constant cost per token, where
+    ``propose_lookup`` scans the row at every step; after the window slides, the tokens before it still count).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
@@ -94,9 +96,7 @@ class InferenceEngine:
             if not speculative_tokens:
                 raise ValueError("a draft_model needs speculative_tokens >= 1 (the draft tokens per forward)")
             self.drafts = DraftModels(draft_model)
-        elif proposer is None and speculative_tokens:
-            from .speculative import propose_lookup as proposer  # prompt lookup: n-grams of the row's own tokens
-        self.proposer = proposer
+        self.proposer = proposer  # None: prompt lookup through each row's own index (``_lookup``)
         self.steps = 0
         self.max_rows_seen = 0
 
@@ -188,7 +188,8 @@ class InferenceEngine:
                 if k > 0:
                     try:
                         draft = (self.drafts.propose(row.id, row.window, k) if self.drafts is not None
-                                 else self.proposer(row.window, k))
+                                 else self.proposer(row.window, k) if self.proposer is not None
+                                 else _lookup(row, k))
                         row.draft = [int(t) for t in draft][:k]
                     except Exception:  # a draft is only a guess: without one the row decodes as usual
                         traceback.print_exc(file=sys.stderr)
@@ -299,6 +300,14 @@ class InferenceEngine:
     def run_until_done(self) -> None:
         while self.has_work:
             self.step()
+
+
+def _lookup(row: Row, k: int) -> list[int]:
+    """Prompt lookup over the row's tokens, which only grow: its index takes only what was appended since."""
+    if row.lookup is None:
+        row.lookup = LookupIndex()
+    row.lookup.update(row.tokens)
+    return row.lookup.propose(k)
 
 
 def _shares_generator(row: Row, plan: Sequence[tuple[Row, int]]) -> bool:

@@ -58,6 +58,7 @@ class Row:
     drafted: int = 0  # draft tokens verified / accepted (speculative decoding's acceptance rate)
     accepted: int = 0
     drafter: Any = None  # its speculative.DraftController, once it drafts
+    lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list
