@@ -4,10 +4,11 @@ Face ``transformers serve`` (plain, and with ``--continuous-batching``) on the s
     python -m benchmarks.serve [--quick] [--workloads throughput,long-arrival,shared-prefix,conversation,speculative]
                                [--clients 1,4,16,64] [--before DIR] [--hf plain,cb|none] [--rounds 3]
                                [--new-tokens 64] [--requests N] [--phase-seconds 120] [--max-batch N]
-                               [--draft MODEL] [--json PATH]
+                               [--draft MODEL] [--model DIR|HUBNAME] [--json PATH]
 
 gpt2-small-shaped random weights (biased QKV, tied head) with the GPT-2 tokenizer, saved once as a tinygpt
-checkpoint and exported (``interop.hf.export_hf``) as a Hugging Face folder. Each server runs in its own process
+checkpoint and exported (``interop.hf.export_hf``) as a Hugging Face folder; or, with ``--model``, a trained model
+and its own tokenizer (the HF servers are skipped where it has no Hugging Face form). Each server runs in its own process
 on 127.0.0.1: ``tinygpt serve`` of this checkout, of ``--before DIR`` (its ``src`` on PYTHONPATH, e.g. a
 ``git worktree add /tmp/before e9e2fb8``), and ``transformers serve`` as it ships and with its paged-attention
 scheduler. One load driver (asyncio + httpx, in this process) plays the clients; every request is greedy and
@@ -30,7 +31,8 @@ Workloads (``serve_workloads``; the figures each reports):
   tokens/s and acceptance rate with ``--speculative lookup`` against ``--speculative off`` (and ``--draft MODEL``)
   where this checkout's server has the flags, and always ``inference.speculative.speculative_generate`` in this
   process, prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
-  the cost of drafting and verifying, and whatever repetition the random model falls into.
+  the cost of drafting and verifying, and whatever repetition the random model falls into; a trained model
+  (``--model``) shows what drafting gains where the model does copy.
 
 A server or a flag a checkout lacks is skipped and the table says why.
 """
@@ -87,16 +89,30 @@ def make_prompts(tokenizer: Any, count: int, lo: int, hi: int, *, offset: int = 
     return out
 
 
-def prepare(directory: Path, config: GPTConfig) -> tuple[GPTModel, Any, Path, Path]:
-    """The random model (seed 0), its tokenizer, and the same weights as a tinygpt checkpoint and an HF folder."""
-    from tinygpt.interop.hf import export_hf
+def prepare(directory: Path, config: GPTConfig, source: str | Path | None = None
+            ) -> tuple[GPTModel, Any, Path, Path | str]:
+    """The model, its tokenizer, and the same weights as a tinygpt checkpoint and an HF folder.
 
-    torch.manual_seed(0)
-    model = GPTModel(config).eval()
-    tokenizer = _gpt2_tokenizer()
+    ``source`` None: random weights of ``config`` (seed 0) with the GPT-2 tokenizer. Else a trained model (what
+    ``tinygpt serve --model`` takes) with its own tokenizer; where it has no Hugging Face form (a char tokenizer, a
+    variant GPT-2's classes do not hold), the fourth item is the reason instead of a folder."""
+    from tinygpt.interop.hf import export_hf
+    from tinygpt.interop.pretrained import load_pretrained
+
+    if source is None:
+        torch.manual_seed(0)
+        model, tokenizer = GPTModel(config).eval(), _gpt2_tokenizer()
+    else:
+        model, tokenizer = load_pretrained(source)
+        model.eval()
+        if tokenizer is None:
+            raise ValueError(f"--model {source}: the servers speak text, and it has no tokenizer")
     ours, theirs = directory / "tinygpt", directory / "hf"
     save_model(model, ours, tokenizer=tokenizer)
-    export_hf(model, theirs, tokenizer=tokenizer)
+    try:
+        export_hf(model, theirs, tokenizer=tokenizer)
+    except ValueError as error:
+        return model, tokenizer, ours, f"the model has no Hugging Face form: {error}"
     return model, tokenizer, ours, theirs
 
 
@@ -144,11 +160,11 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         requests: int | None = None, max_batch: int | None = None, hf: bool | Sequence[str] = True,
         hf_continuous_batching: bool = False, workloads: Sequence[str] = ("throughput",),
         before: str | Path | None = None, rounds: int | None = None, phase_seconds: float = 120.0,
-        draft: str | None = None, device: str = "cpu", log: Callable[[str], None] = lambda line: None
-        ) -> dict[str, Any]:
+        draft: str | None = None, device: str = "cpu", model: str | Path | None = None,
+        log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Start the servers, run ``workloads`` (see the module docstring) and return every row, table and ratio.
     ``hf``: True (one HF server: plain, or continuous batching with ``hf_continuous_batching``), False, or modes
-    from ``HF_MODES``."""
+    from ``HF_MODES``. ``model``: a trained model to serve instead of the random weights (``prepare``)."""
     for name in workloads:
         if name not in wl.WORKLOADS:
             raise ValueError(f"workload {name!r} is not one of {', '.join(wl.WORKLOADS)}")
@@ -169,11 +185,14 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
                               "requests_per_client": requests, "max_batch": max_batch, "clients": list(clients),
                               "device": device, "rounds": rounds, "workloads": list(workloads), "sizes": vars(sizes),
                               "threads": torch.get_num_threads(), "rows": [], "tables": {},
-                              "before": None if before_src is None else str(before_src)}
+                              "before": None if before_src is None else str(before_src),
+                              "model": "random weights" if model is None else str(model)}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-serve-") as tmp:
         tmp_dir = Path(tmp)
-        log(f"building and saving the model ({'quick' if quick else 'gpt2-small'} shape) ...")
-        model, tokenizer, ours, theirs = prepare(tmp_dir, config)
+        log(f"building and saving the model ({model or ('quick' if quick else 'gpt2-small') + ' shape'}) ...")
+        source = model
+        model, tokenizer, ours, theirs = prepare(tmp_dir, config, source)
+        result["config"] = model.config.to_dict()
         servers = Servers(tmp_dir, ours, theirs, max_batch, log, device)
         model = model.to(device)  # the offline rows run where the servers do
         base = ["tinygpt"] + (["before"] if before_src else []) + [("hf" if m == "plain" else "hf-cb")
@@ -457,6 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=None, help="tinygpt's --max-batch (default: max clients)")
     parser.add_argument("--draft", metavar="MODEL", help="also serve this checkout with --draft MODEL")
     parser.add_argument("--device", default="cpu", help="where every server and the offline rows run (default cpu)")
+    parser.add_argument("--model", metavar="DIR|HUBNAME",
+                        help="serve this trained model (a tinygpt checkpoint, a Hugging Face GPT-2 folder or hub "
+                             "name; as `tinygpt serve --model`) instead of random gpt2-small-shaped weights")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of every server and of the offline rows (default: $OMP_NUM_THREADS, "
                              "else one per core)")
@@ -480,10 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.quick, clients=clients, new_tokens=args.new_tokens, requests=args.requests,
                    max_batch=args.max_batch, hf=hf, workloads=args.workloads, before=args.before,
                    rounds=args.rounds, phase_seconds=args.phase_seconds, draft=args.draft, device=args.device,
-                   log=lambda line: print(line, file=sys.stderr, flush=True))
+                   model=args.model, log=lambda line: print(line, file=sys.stderr, flush=True))
 
     def report(result: dict[str, Any]) -> str:
-        return (f"torch {torch.__version__}, {result['threads']} threads, {result['new_tokens']} new tokens, "
+        return (f"{result['model']}, torch {torch.__version__}, {result['threads']} threads, "
+                f"{result['new_tokens']} new tokens, "
                 f"{result['requests_per_client']} requests per client, {result['rounds']} rounds"
                 f"{' (quick mode: tiny sizes, figures mean nothing)' if args.quick else ''}\n" + table(result))
 

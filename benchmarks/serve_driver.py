@@ -170,8 +170,9 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class Servers:
     """The server processes of one run, started together, each with the body its requests need."""
 
-    def __init__(self, tmp_dir: Path, ours: Path, theirs: Path, max_batch: int, log: Callable[[str], None],
+    def __init__(self, tmp_dir: Path, ours: Path, theirs: Path | str, max_batch: int, log: Callable[[str], None],
                  device: str = "cpu"):
+        """``theirs``: the model as a Hugging Face folder, or why there is none (no HF server can start then)."""
         self.tmp_dir, self.ours, self.theirs, self.max_batch, self.log = tmp_dir, ours, theirs, max_batch, log
         self.device = device
         self.running: dict[str, ServerProcess] = {}
@@ -200,6 +201,9 @@ class Servers:
     def add_hf(self, key: str, continuous_batching: bool) -> None:
         from transformers.utils.import_utils import is_serve_available
 
+        if isinstance(self.theirs, str):
+            self.not_available[LABELS[key]] = self.theirs
+            return
         if not is_serve_available():  # it would exit at start-up with an ImportError in its log
             self.not_available[LABELS[key]] = ("transformers serve needs its serving extras (fastapi, pydantic, "
                                                "uvicorn, openai): pip install 'transformers[serving]'")

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import serve
 
@@ -130,6 +131,34 @@ def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(w
     json.dumps(result)  # what --json writes
 
 
+def test_prepare_serves_a_trained_model_with_its_own_tokenizer(tmp_path):
+    """``--model``: the checkpoint's weights and tokenizer reach both servers' folders; a model without a Hugging
+    Face form (a char tokenizer) gives the reason instead of a folder, and the HF servers are then skipped."""
+    from tinygpt import GPTConfig, GPTModel, save_model
+    from tinygpt.tokenizer import train_tokenizer
+
+    text = "def f(x):\n    return x + 1\n" * 20
+    for kind in ("bpe:300", "char"):
+        tokenizer = train_tokenizer(kind, text)
+        config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, emb_dim=16, n_heads=2, n_layers=1)
+        trained = GPTModel(config)
+        source = tmp_path / kind.replace(":", "-")
+        save_model(trained, source, tokenizer=tokenizer)
+        model, served_tokenizer, ours, theirs = serve.prepare(tmp_path / f"out-{source.name}", serve.gpt2_small(),
+                                                              source)
+        assert model.config == config and served_tokenizer.encode(text) == tokenizer.encode(text)
+        for name, tensor in trained.state_dict().items():
+            assert torch.equal(model.state_dict()[name], tensor), name
+        assert (ours / "config.json").is_file()
+        if kind == "char":
+            assert isinstance(theirs, str) and "no Hugging Face form" in theirs and "char" in theirs
+            servers = serve.Servers(tmp_path, ours, theirs, 2, lambda line: None)
+            servers.add_hf("hf-cb", True)
+            assert servers.running == {} and servers.not_available[serve.LABELS["hf-cb"]] == theirs
+        else:
+            assert (theirs / "model.safetensors").is_file() and (theirs / "tokenizer.json").is_file()
+
+
 def test_bad_arguments(capsys):
     with pytest.raises(ValueError, match="workload 'x'"):
         serve.run(quick=True, workloads=["x"])
@@ -138,3 +167,6 @@ def test_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         serve.main(["--workloads", "throughput,nope"])
     assert "argument --workloads: nope is not allowed; allowed: throughput," in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve.main(["--model", "/nonexistent/model", "--workloads", "speculative", "--hf", "none"])
+    assert "/nonexistent/model" in capsys.readouterr().err
