@@ -8,8 +8,8 @@ Face ``transformers serve`` (plain, and with ``--continuous-batching``) on the s
 
 gpt2-small-shaped random weights (biased QKV, tied head) with the GPT-2 tokenizer, saved once as a tinygpt
 checkpoint and exported (``interop.hf.export_hf``) as a Hugging Face folder; or, with ``--model``, a trained model
-and its own tokenizer (the HF servers are skipped where it has no Hugging Face form). Each server runs in its own process
-on 127.0.0.1: ``tinygpt serve`` of this checkout, of ``--before DIR`` (its ``src`` on PYTHONPATH, e.g. a
+and its own tokenizer (the HF servers are skipped where it has no Hugging Face form). Each server runs in its own
+process on 127.0.0.1: ``tinygpt serve`` of this checkout, of ``--before DIR`` (its ``src`` on PYTHONPATH, e.g. a
 ``git worktree add /tmp/before e9e2fb8``), and ``transformers serve`` as it ships and with its paged-attention
 scheduler. One load driver (asyncio + httpx, in this process) plays the clients; every request is greedy and
 streaming, every loop bounded (``--phase-seconds``: clients start no request after it). Each workload runs
