@@ -190,8 +190,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-serve-") as tmp:
         tmp_dir = Path(tmp)
         log(f"building and saving the model ({model or ('quick' if quick else 'gpt2-small') + ' shape'}) ...")
-        source = model
-        model, tokenizer, ours, theirs = prepare(tmp_dir, config, source)
+        model, tokenizer, ours, theirs = prepare(tmp_dir, config, model)  # from here on, the model itself
         result["config"] = model.config.to_dict()
         servers = Servers(tmp_dir, ours, theirs, max_batch, log, device)
         model = model.to(device)  # the offline rows run where the servers do
