@@ -181,7 +181,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
     rounds = rounds or (1 if quick else 3)
     max_batch = max_batch or max(max(clients), sizes.prefix_clients, sizes.chats)
     lo, hi = (8, 24) if quick else (16, 64)
-    result: dict[str, Any] = {"quick": quick, "config": config.to_dict(), "new_tokens": new_tokens,
+    result: dict[str, Any] = {"quick": quick, "new_tokens": new_tokens,
                               "requests_per_client": requests, "max_batch": max_batch, "clients": list(clients),
                               "device": device, "rounds": rounds, "workloads": list(workloads), "sizes": vars(sizes),
                               "threads": torch.get_num_threads(), "rows": [], "tables": {},
@@ -191,7 +191,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
         tmp_dir = Path(tmp)
         log(f"building and saving the model ({model or ('quick' if quick else 'gpt2-small') + ' shape'}) ...")
         model, tokenizer, ours, theirs = prepare(tmp_dir, config, model)  # from here on, the model itself
-        result["config"] = model.config.to_dict()
+        result["config"] = model.config.to_dict()  # the served model's, random or trained
         servers = Servers(tmp_dir, ours, theirs, max_batch, log, device)
         model = model.to(device)  # the offline rows run where the servers do
         base = ["tinygpt"] + (["before"] if before_src else []) + [("hf" if m == "plain" else "hf-cb")
