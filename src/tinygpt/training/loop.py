@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ..devices import autocast
 from ..fileio import RUN, atomic_write_text, check_save_target
+from ..lora import is_adapted
 from ..model import GPTModel
 from . import distributed as dist_utils
 from .checkpointing import (capture_rng_state, last_good_checkpoint, load_training_state, load_weights,
@@ -35,7 +36,7 @@ from .checkpointing import (capture_rng_state, last_good_checkpoint, load_traini
 from .lifecycle import Diverged, Interrupted, StopRequests
 from .memory import checkpoint_blocks
 from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog
-from .optim import Schedule, build_optimizer, optimizer_step
+from .optim import Schedule, build_for, optimizer_step
 from .options import LoopOptions
 from .stage import Stage
 
@@ -138,6 +139,8 @@ class _Loop:
         stage.setup(o, ctx, resume_from)
         seed_everything(run_seed(stage, o))  # every rank the same: identical init and identical data streams
         stage.build(ctx)
+        if o.optimizer == "muon" and is_adapted(stage.policy):
+            raise ValueError("--optimizer muon trains full weights; a LoRA run trains adapters: use --optimizer adamw")
         if resume_from is not None:
             load_weights(stage, resume_from, state)
         self.max_steps = o.max_steps if o.max_steps is not None else o.epochs * stage.steps_per_epoch
@@ -149,8 +152,12 @@ class _Loop:
         self.release_blocks = checkpoint_blocks(stage.policy) if o.grad_checkpoint else None
         self.wrapped = dist_utils.wrap_model(self.trainable, ctx, fsdp=o.fsdp)
         stage.forward = torch.compile(self.wrapped) if o.compile else self.wrapped
-        self.optimizer = build_optimizer(self.wrapped, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
+        self.optimizer = build_for(self.wrapped, o)
         if state is not None:
+            trained_with = state.get("options", {}).get("optimizer", "adamw")
+            if trained_with != o.optimizer:
+                raise ValueError(f"{resume_from} was trained with --optimizer {trained_with}: resume it with the same "
+                                 f"optimizer (its state is that optimizer's), not {o.optimizer}")
             dist_utils.load_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
             stage.load_state_dict(state["stage_state"])
             restore_rng_state(state["rng"])

@@ -10,6 +10,7 @@ from ..checks import option
 from ..config import GPTConfig
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
+OPTIMIZERS = ("adamw", "muon")  # training.optim.build_for
 
 # The main job's model (vocab_size comes from the tokenizer): sized by timing runs so that the default
 # ``tinygpt train`` on the embedded corpus finishes in about 5 minutes on 2 CPU cores.
@@ -41,6 +42,12 @@ class LoopOptions:
     weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
     beta1: float = 0.9
     beta2: float = 0.95
+    optimizer: str = option("adamw", "adamw: AdamW on every weight; muon: torch.optim.Muon on the blocks' matrices "
+                                      "(--muon-lr), AdamW (--lr) on embeddings, head, biases and norms",
+                            choices=OPTIMIZERS)
+    muon_lr: float = option(0.02, "Muon's peak learning rate (--optimizer muon), scheduled as --lr is")
+    muon_momentum: float = option(0.95, "Muon's Nesterov momentum")
+    muon_weight_decay: float = option(0.0, "Muon's decoupled weight decay on the blocks' matrices")
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off")
     eval_every: int = option(250, "evaluate, plot (and print a sample) every N steps", metavar="N")
     checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
@@ -71,6 +78,10 @@ class LoopOptions:
         checks.positive_number("lr", self.lr)
         checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
         checks.non_negative_number("weight_decay", self.weight_decay)
+        checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        checks.positive_number("muon_lr", self.muon_lr)
+        checks.number_in_range("muon_momentum", self.muon_momentum, 0, 1, high_open=True)
+        checks.non_negative_number("muon_weight_decay", self.muon_weight_decay)
         checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
         checks.non_negative_int("seed", self.seed, optional=True)
         checks.choice("dtype", self.dtype, DTYPES)
