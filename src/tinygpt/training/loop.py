@@ -37,7 +37,7 @@ from .lifecycle import Diverged, Interrupted, StopRequests
 from .memory import checkpoint_blocks
 from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog
 from .optim import Schedule, build_for, optimizer_step
-from .options import LoopOptions
+from .options import LoopOptions, parse_duration
 from .stage import Stage
 
 DEFAULT_SEED = 1337  # options without a seed and a stage without one of its own: the seed of every command
@@ -91,7 +91,8 @@ def run_seed(stage: Stage, options: LoopOptions) -> int:
 
 def run_stage(stage: Stage, options: LoopOptions) -> TrainingResult:
     """Train (or resume) ``stage`` as ``options`` say, writing ``step-N/`` checkpoints, ``metrics.jsonl`` and the
-    plot into ``options.out_dir``; at ``max_steps`` the finished model is exported there and summarised in
+    plot into ``options.out_dir``; at ``max_steps`` (or the end of ``time_budget``) the finished model is exported
+    there and summarised in
     ``summary.json``. Under torchrun a data-parallel stage runs on every rank (only rank 0 writes files)."""
     options.check()
     if options.tensorboard:
@@ -143,8 +144,16 @@ class _Loop:
             raise ValueError("--optimizer muon trains full weights; a LoRA run trains adapters: use --optimizer adamw")
         if resume_from is not None:
             load_weights(stage, resume_from, state)
-        self.max_steps = o.max_steps if o.max_steps is not None else o.epochs * stage.steps_per_epoch
-        self.end = self.max_steps if o.stop_after is None else min(self.max_steps, o.stop_after)
+        # With a time budget the run ends when the budget is spent (its step count unknown until then); the
+        # seconds spent so far are in every checkpoint, so a resume continues the budget and its schedule.
+        self.budget = None if o.time_budget is None else parse_duration("time_budget", o.time_budget)
+        self.spent = 0.0 if state is None else float(state.get("budget_spent", 0.0))
+        if self.budget is not None:
+            self.max_steps = None
+            self.end = o.stop_after if o.stop_after is not None else sys.maxsize
+        else:
+            self.max_steps = o.max_steps if o.max_steps is not None else o.epochs * stage.steps_per_epoch
+            self.end = self.max_steps if o.stop_after is None else min(self.max_steps, o.stop_after)
         self.schedule = Schedule(o.lr, o.min_lr, o.warmup_steps, self.max_steps)
 
         self.trainable = stage.trainable()
@@ -164,7 +173,11 @@ class _Loop:
             self.step = int(state["step"])
             self.best_step, self.best_val = state.get("best_step"), state.get("best_val_loss")
             self.log(f"resumed from {resume_from} at step {self.step}")
-        refuse_finished(self.step, self.max_steps)
+        if self.budget is None:
+            refuse_finished(self.step, self.max_steps)
+        elif self.spent >= self.budget:
+            raise ValueError(f"the checkpoint has spent its --time-budget {o.time_budget} already: give a larger one "
+                             f"to train further")
         self.resumed = resume_from is not None
 
     # ------------------------------------------------------------------------------------------ one step
@@ -173,7 +186,7 @@ class _Loop:
         clipped, refused when not finite; returns lr, the mean loss over the updates (and the global batch), the
         mean gradient norm and the stage's metrics."""
         stage, device, dtype = self.stage, self.stage.device, self.o.dtype
-        lr = self.schedule.apply(self.optimizer, self.step)
+        lr = self.schedule.apply(self.optimizer, self.step, self.spent / self.budget if self.budget else 0.0)
         with autocast(device, dtype):
             updates = stage.batches(self.step)
         loss_sum = norm_sum = 0.0
@@ -227,6 +240,7 @@ class _Loop:
                 "rng": capture_rng_state(),
                 "best_step": self.best_step,
                 "best_val_loss": self.best_val,
+                "budget_spent": self.spent,
                 "heads": self.stage.heads.state_dict(),
                 "stage_state": self.stage.state_dict(),
                 "options": {k: v for k, v in asdict(self.o).items() if isinstance(v, (int, float, str, bool))},
@@ -252,6 +266,10 @@ class _Loop:
             plain.out_head.weight = plain.tok_emb.weight
         return plain
 
+    def budget_spent(self) -> bool:
+        """Whether the run has a time budget and has spent it."""
+        return self.budget is not None and self.spent >= self.budget
+
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> TrainingResult:
         try:
@@ -270,6 +288,7 @@ class _Loop:
             from .tensorboard import TensorBoardLog
 
             board = TensorBoardLog(self.run_dir / "tensorboard", self.step if self.resumed else None)
+        # total None with a time budget: a step counter without an end
         bar = tqdm(total=self.max_steps, initial=self.step, desc=stage.name, disable=not (self.main and o.progress),
                    dynamic_ncols=True)
         last_eval: dict[str, float] = {}
@@ -277,12 +296,14 @@ class _Loop:
         rate_window: list[tuple[float, int]] = []
         tokens_per_second = None
         t_last = last_plot = time.perf_counter()
+        cpu_last = time.process_time()
         stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
         try:
-            while self.step < self.end:
+            while self.step < self.end and not self.budget_spent():
                 metrics = self.train_step()
-                now = time.perf_counter()
+                now, cpu_now = time.perf_counter(), time.process_time()
                 dt, t_last = now - t_last, now
+                self.spent += cpu_now - cpu_last if o.budget_clock == "cpu" else dt
                 record: dict[str, Any] = {"step": self.step, **metrics, "step_seconds": dt}
                 if stage.tokens_per_step:
                     rate_window = (rate_window + [(dt, stage.tokens_per_step)])[-20:]
@@ -294,7 +315,7 @@ class _Loop:
                             record["mfu"] = tokens_per_second * stage.flops_per_token / stage.peak_flops
                 bar.update(1)
                 bar.set_postfix({k: f"{record[k]:.4g}" for k in stage.postfix_keys if k in record}, refresh=False)
-                is_last = self.step == self.end
+                is_last = self.step == self.end or self.budget_spent()
                 evaluated = self.step % o.eval_every == 0 or is_last
                 if evaluated:
                     last_eval = self.evaluate()
@@ -322,7 +343,8 @@ class _Loop:
                     if not saved:
                         self.checkpoint()
                     raise Interrupted(stop.signum, self.step, self.max_steps, self.run_dir / f"step-{self.step}")
-                t_last = time.perf_counter()  # eval and checkpoint time stay out of tokens/s
+                t_last, cpu_last = time.perf_counter(), time.process_time()  # eval and checkpoints stay out of
+                # tokens/s and of the time budget
         finally:
             stop.close()
             bar.close()
@@ -333,7 +355,9 @@ class _Loop:
                    "best_val_loss": self.best_val,
                    "best_checkpoint": f"step-{self.best_step}" if self.best_step else None,
                    "tokens_per_second": tokens_per_second, **stage.summary()}
-        if self.step == self.max_steps and self.main:
+        if self.budget is not None:
+            summary.update(time_budget_seconds=self.budget, budget_seconds_spent=self.spent, budget_clock=o.budget_clock)
+        if (self.step == self.max_steps or self.budget_spent()) and self.main:
             # The finished model also goes into RUN_DIR itself, so `load_model(RUN_DIR)` and
             # `tinygpt generate --model RUN_DIR` read it; summary.json names the best checkpoint.
             stage.export(self.last_saved, self.run_dir)

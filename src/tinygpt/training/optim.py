@@ -131,6 +131,14 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def lr_at_fraction(step: int, spent: float, *, lr: float, min_lr: float, warmup_steps: int) -> float:
+    """``lr_at`` over a time budget: the same linear warmup over the first ``warmup_steps`` steps, then the half
+    cosine from ``lr`` to ``min_lr`` over the fraction ``spent`` (0..1) of the budget used so far."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * min(1.0, max(0.0, spent))))
+
+
 def set_lr(optimizer: torch.optim.Optimizer | MuonWithAdamW, value: float, base_lr: float | None = None) -> None:
     """Every group's rate: ``value``, scaled for a group whose peak rate (``peak_lr``) differs from ``base_lr``
     (Muon's matrices: value * muon_lr / lr)."""
@@ -141,18 +149,22 @@ def set_lr(optimizer: torch.optim.Optimizer | MuonWithAdamW, value: float, base_
 
 @dataclass(frozen=True)
 class Schedule:
-    """The warmup + cosine schedule of one run (``lr_at``); ``min_lr`` None = lr / 10."""
+    """The warmup + cosine schedule of one run (``lr_at``, or ``lr_at_fraction`` over a time budget: then
+    ``max_steps`` is None); ``min_lr`` None = lr / 10."""
 
     lr: float
     min_lr: float | None
     warmup_steps: int
-    max_steps: int
+    max_steps: int | None
 
-    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
-        """Set the learning rate of 0-based ``step`` on every group (a group with its own peak rate, Muon's, gets
-        the same fraction of it); returns the base rate."""
+    def apply(self, optimizer: torch.optim.Optimizer | MuonWithAdamW, step: int, spent: float = 0.0) -> float:
+        """Set the learning rate of 0-based ``step`` (with a budget: after the fraction ``spent`` of it) on every
+        group (a group with its own peak rate, Muon's, gets the same fraction of it); returns the base rate."""
         min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
-        value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
+        if self.max_steps is None:
+            value = lr_at_fraction(step, spent, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps)
+        else:
+            value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
         set_lr(optimizer, value, self.lr)
         return value
 
