@@ -305,6 +305,8 @@ class _Loop:
                 dt, t_last = now - t_last, now
                 self.spent += cpu_now - cpu_last if o.budget_clock == "cpu" else dt
                 record: dict[str, Any] = {"step": self.step, **metrics, "step_seconds": dt}
+                if self.budget is not None:
+                    record["budget_seconds"] = self.spent
                 if stage.tokens_per_step:
                     rate_window = (rate_window + [(dt, stage.tokens_per_step)])[-20:]
                     tokens_per_second = sum(n for _, n in rate_window) / max(1e-9, sum(t for t, _ in rate_window))
