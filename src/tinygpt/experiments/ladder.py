@@ -93,7 +93,7 @@ def _train_rung(config: GPTConfig, optimizer: str, seed: int, prepared: Path, ru
 
 def run_ladder(out: str | Path | None = None, seed: int = 123, *, seeds: int = 3, budget: str = "20s",
                rungs: Sequence[str] = RUNG_NAMES, data: str | Path | None = None, max_chars: int = 400_000,
-               lr: float = 1e-3, muon_lr: float = 0.02, batch_size: int = 12, eval_every: int = 100,
+               lr: float = 1e-3, muon_lr: float = 0.04, batch_size: int = 12, eval_every: int = 25,
                progress: Callable[[str], None] | None = None) -> ExperimentReport:
     """Train every rung of ``rungs`` (in ladder order) for ``budget`` CPU seconds on one thread under ``seeds``
     seeds (``seed``, ``seed + 1``, ...), on ``data`` (default: the embedded corpus) cut to ``max_chars``
