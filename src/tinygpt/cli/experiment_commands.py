@@ -67,6 +67,7 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
                     help="a subset of the rungs, in ladder order (default: all; each keeps the changes above it)")
     la.add_argument("--data", metavar="FILE", help="UTF-8 training text (default: the embedded corpus)")
     la.add_argument("--max-chars", type=int, default=400_000, help="characters of text used (default: 400000)")
+    la.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process (default: 1)")
     la.add_argument("--lr", type=float, default=1e-3, help="AdamW's peak learning rate (default: 1e-3)")
     la.add_argument("--muon-lr", type=float, default=0.04,
                     help="Muon's peak learning rate (default: 0.04, the best of 0.01, 0.02, 0.04 at 10 s)")
@@ -110,6 +111,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
         report = experiments.run_ladder(**common, seeds=args.seeds, budget=args.budget, rungs=args.rungs or RUNG_NAMES,
                                         data=args.data, max_chars=args.max_chars, lr=args.lr, muon_lr=args.muon_lr,
+                                        jobs=args.jobs,
                                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     elif name == "anatomy":
         report = experiments.run_anatomy(**common, configs=args.config)

@@ -94,18 +94,20 @@ def _train_rung(config: GPTConfig, optimizer: str, seed: int, prepared: Path, ru
 def run_ladder(out: str | Path | None = None, seed: int = 123, *, seeds: int = 3, budget: str = "20s",
                rungs: Sequence[str] = RUNG_NAMES, data: str | Path | None = None, max_chars: int = 400_000,
                lr: float = 1e-3, muon_lr: float = 0.04, batch_size: int = 12, eval_every: int = 25,
-               progress: Callable[[str], None] | None = None) -> ExperimentReport:
+               jobs: int = 1, progress: Callable[[str], None] | None = None) -> ExperimentReport:
     """Train every rung of ``rungs`` (in ladder order) for ``budget`` CPU seconds on one thread under ``seeds``
     seeds (``seed``, ``seed + 1``, ...), on ``data`` (default: the embedded corpus) cut to ``max_chars``
-    characters; print the table, write ``ladder.json`` and ``ladder.png`` (val bits per byte against CPU time)."""
+    characters; print the table, write ``ladder.json`` and ``ladder.png`` (val bits per byte against CPU time).
+    ``jobs`` > 1 trains that many runs at once, each in a process of its own (the budget counts each one's own CPU
+    seconds, so running side by side changes how soon the ladder ends, not how much work each run gets)."""
     from ..training.data import prepare_corpus
     from ..training.options import parse_duration
     from .prepost import _read_text
 
     check_seed(seed)
     parse_duration("budget", budget)
-    if seeds < 1:
-        raise ValueError(f"seeds={seeds} must be >= 1")
+    if seeds < 1 or jobs < 1:
+        raise ValueError(f"seeds={seeds} and jobs={jobs} must be >= 1")
     rungs = [name for name in RUNG_NAMES if name in rungs] if set(rungs) <= set(RUNG_NAMES) else list(rungs)
     directory = output_dir("ladder", out)
     text = embedded_corpus_text(max_chars=max_chars) if data is None else _read_text(data, max_chars)
@@ -122,13 +124,30 @@ def run_ladder(out: str | Path | None = None, seed: int = 123, *, seeds: int = 3
 
             vocab = PreparedCorpus.open(prepared).vocab_size
             configs = rung_configs(vocab, rungs)
-            for name, config, optimizer in configs:
-                for s in range(seed, seed + seeds):
-                    run = _train_rung(config, optimizer, s, prepared, Path(scratch) / f"{name}-{s}", budget, lr,
-                                      muon_lr, batch_size, eval_every)
-                    runs.append({"rung": name, "seed": s, "optimizer": optimizer, **run})
-                    if progress is not None:
-                        progress(f"{name} seed {s}: val {run['val_bpb']:.4f} bits/byte after {run['steps']} steps")
+            tasks = [(name, config, optimizer, s) for name, config, optimizer in configs
+                     for s in range(seed, seed + seeds)]
+
+            def task_args(name: str, config: GPTConfig, optimizer: str, s: int) -> tuple:
+                return (config, optimizer, s, prepared, Path(scratch) / f"{name}-{s}", budget, lr, muon_lr,
+                        batch_size, eval_every)
+
+            def done(name: str, optimizer: str, s: int, run: dict[str, Any]) -> None:
+                runs.append({"rung": name, "seed": s, "optimizer": optimizer, **run})
+                if progress is not None:
+                    progress(f"{name} seed {s}: val {run['val_bpb']:.4f} bits/byte after {run['steps']} steps")
+
+            if jobs == 1:
+                for name, config, optimizer, s in tasks:
+                    done(name, optimizer, s, _train_rung(*task_args(name, config, optimizer, s)))
+            else:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=torch.set_num_threads, initargs=(1,)) as pool:
+                    futures = [(task, pool.submit(_train_rung, *task_args(*task))) for task in tasks]
+                    for (name, _, optimizer, s), future in futures:
+                        done(name, optimizer, s, future.result())
     finally:
         torch.set_num_threads(threads)
     rungs = [name for name, _, _ in configs]
