@@ -21,6 +21,7 @@ its cost per token is recorded in ``GrammarConstraint.seconds`` (``benchmarks/se
 from __future__ import annotations
 
 import json
+import re
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -165,8 +166,10 @@ def compile_grammar(kind: str, source: Any, tokenizer: Tokenizer | Any, vocab_si
 
 
 def _first_line(message: str) -> str:
-    """llguidance's errors carry a source excerpt over several lines; the first names the problem."""
-    return message.strip().splitlines()[0] if message.strip() else "the grammar is invalid"
+    """llguidance's error on one line: its source excerpt (numbered lines, caret lines) left out."""
+    kept = [line.strip() for line in message.strip().splitlines()
+            if line.strip() and not re.match(r"^\s*(\d+\s*\||\^+\s*$|\|)", line)]
+    return " ".join(kept) or "the grammar is invalid"
 
 
 class GrammarConstraint:

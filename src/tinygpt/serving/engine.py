@@ -75,6 +75,7 @@ class Finish:
     message: str = ""
     accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
     rejected_drafts: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 @dataclass
@@ -99,6 +100,7 @@ class EngineRequest:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter: int = -1
+    constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -278,6 +280,7 @@ class BatchEngine:
         self.core.cancel(live.row)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
         event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
+        event.cached_tokens = min(live.row.cached_tokens, len(live.req.prompt))
         self._emit(live.req, event)
 
     def _add(self, req: EngineRequest) -> None:
@@ -291,7 +294,7 @@ class BatchEngine:
             if cfg.seed is not None and cfg.temperature > 0:
                 generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
             row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req,
-                      adapter=req.adapter)
+                      adapter=req.adapter, constraint=req.constraint)
             if req.prompt_logprobs:
                 ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
                 with _adapter(self.model, req.adapter):
@@ -340,7 +343,7 @@ class BatchEngine:
                 self._finish(live, Finish("stop", live.text.finish()))
                 return
             info = TokenInfo(token)
-            if req.logprobs is not None and logits is not None:
+            if req.logprobs is not None and logits is not None and i < logits.shape[0]:  # forced tokens: none
                 logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
                 info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
             piece, stopped = live.text.add(token)
