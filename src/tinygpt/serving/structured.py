@@ -9,7 +9,7 @@ call's text turned back into OpenAI's ``tool_calls``.
 - ``tools`` with ``tool_choice``: ``"none"`` (the tools reach the chat template, the answer is text), a named
   function ``{"type": "function", "function": {"name": ...}}`` (the answer is that function's arguments, following
   its ``parameters`` schema), ``"required"`` (a JSON list of calls ``[{"name", "arguments"}]``, each following its
-  function's schema; one call with ``parallel_tool_calls: false``). ``"auto"`` (the default with tools) needs a
+  function's schema; at most ``MAX_PARALLEL_CALLS``, one with ``parallel_tool_calls: false``). ``"auto"`` (the default with tools) needs a
   chat template that writes tool calls and a parser for them; tinygpt has neither, so it is refused (400) with
   what to send instead.
 
@@ -29,6 +29,7 @@ from .protocol import bad
 CONSTRAINT_FIELDS = ("response_format", "grammar", "regex")
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_TOOLS = 128
+MAX_PARALLEL_CALLS = 4  # calls in one answer with parallel_tool_calls (a small model may otherwise list calls forever)
 
 
 @dataclass
@@ -161,9 +162,7 @@ def tool_constraint(tools: ToolSpec) -> ConstraintSpec | None:
               "required": ["name", "arguments"], "additionalProperties": False}
              for name, params in tools.functions.items()]
     items = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if not tools.parallel:
-        schema["maxItems"] = 1
+    schema = {"type": "array", "items": items, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if tools.parallel else 1}
     return ConstraintSpec("json_schema", schema, "tools")
 
 
