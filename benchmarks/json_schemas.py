@@ -83,18 +83,37 @@ GRAMMARS = [  # (a GBNF or Lark grammar, the Python regex of the same language)
 ]
 
 
-def constrained_texts(model: Any, tokenizer: Any, kind: str, sources: list[Any], prompt: str, *,
-                      max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> tuple[list[str], list[str]]:
+def constrained_texts(model: Any, tokenizer: Any, kind: str, sources: list[Any], prompt: str | list[str], *,
+                      max_new_tokens: int, temperature: float = 0.0, seed: int = 0, constrained: bool = True,
+                      mask_seconds: list[float] | None = None) -> tuple[list[str], list[str]]:
     """Each source (a schema, a regex, a grammar) as one row of one ``tinygpt.generate`` batch, every row under its
-    own constraint: (texts, finish reasons). The end-of-text token ends a row and is not part of its text."""
+    own constraint (``constrained=False``: none, the same rows free): (texts, finish reasons). ``prompt``: one for
+    all rows or one per row. The end-of-text token ends a row and is not part of its text. ``mask_seconds``
+    receives the host time of every constrained token's mask and advance."""
     from tinygpt import generate
     from tinygpt.inference.grammar import compile_grammar
 
     vocab = model.config.vocab_size
-    constraints = [compile_grammar(kind, s, tokenizer, vocab).constraint() for s in sources]
-    ids = list(tokenizer.encode(prompt))
+    constraints = [compile_grammar(kind, s, tokenizer, vocab).constraint() for s in sources] if constrained else None
+    prompts = [prompt] * len(sources) if isinstance(prompt, str) else prompt
     eos = getattr(tokenizer, "eot_id", None)
-    result = generate(model, [ids] * len(sources), max_new_tokens=max_new_tokens, temperature=temperature,
-                      seed=seed if temperature > 0 else None, eos_id=eos, constraints=constraints)
+    result = generate(model, [list(tokenizer.encode(p)) for p in prompts], max_new_tokens=max_new_tokens,
+                      temperature=temperature, seed=seed if temperature > 0 else None, eos_id=eos,
+                      constraints=constraints)
+    if mask_seconds is not None and constraints is not None:
+        mask_seconds.extend(s for c in constraints for s in c.seconds)
     texts = [tokenizer.decode([t for t in row if t != eos]) for row in result.rows()]
     return texts, result.finish_reasons
+
+
+def valid_json(text: str, schema: dict[str, Any]) -> bool:
+    """The whole text is one JSON value that follows ``schema``."""
+    import json
+
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
