@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager, prefix_root
 from .constraint import masked_logits
 from .row import Row, Score

@@ -44,7 +44,7 @@ from .protocol import (
     parse_json, parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
-from .structured import ToolSpec, compile_spec, tool_calls
+from .structured import ToolSpec, compile_spec, read_chat, read_completion, tool_calls
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -105,7 +105,8 @@ def _completion_logprobs(state: ServerState, tokens: list[TokenInfo], offset: in
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_completion(await _body(request))
+    body = await _body(request)
+    req = read_completion(parse_completion(body), body)
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
@@ -189,7 +190,8 @@ def _chat_logprob(state: ServerState, t: TokenInfo) -> dict[str, Any]:
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_chat(await _body(request))
+    body = await _body(request)
+    req = read_chat(parse_chat(body), body)
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from torch import nn
 
 from ..multi_lora import use_adapters
-from .protocol import _Fields, _prompts, bad
+from .protocol import _Fields, _prompts, bad, parse_json
 
 POOLINGS = ("mean", "last")
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -105,10 +105,9 @@ def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
 
 
 async def embeddings(request: Request) -> Response:
-    from .app import _body, _state
-
-    state = _state(request)
-    req = parse_embeddings(await _body(request))
+    state = request.app.state.tinygpt
+    state.authorize(request)
+    req = parse_embeddings(await asyncio.to_thread(parse_json, await request.body()))
     adapter = state.check_model(req.model)
 
     def tokenize() -> list[list[int]]:

@@ -279,8 +279,7 @@ def _prompts(value: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    from .structured import parse_constraint
-
+    """The completion request (its ``constraint`` is read by ``structured.read_completion``)."""
     f = _Fields(body, _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"})
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt", "is required")
@@ -290,8 +289,7 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     if best_of is not None and best_of != sampling.n:
         raise bad("best_of", f"is not supported (only best_of = n = {sampling.n})")
     f.neutral("suffix", "")
-    return CompletionRequest(sampling, prompts, f.bool("echo", False), f.int("logprobs", None, lo=0, hi=MAX_LOGPROBS),
-                             parse_constraint(body))
+    return CompletionRequest(sampling, prompts, f.bool("echo", False), f.int("logprobs", None, lo=0, hi=MAX_LOGPROBS))
 
 
 def _content(i: int, value: Any) -> str:
@@ -310,10 +308,11 @@ def _content(i: int, value: Any) -> str:
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    """The chat request (its tools, constraint and messages' tool fields are read by ``structured.read_chat``)."""
     from .chat_format import ROLES
-    from .structured import TOOL_FIELDS, parse_constraint, parse_message_extras, parse_tools, tool_constraint
 
-    f = _Fields(body, _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *TOOL_FIELDS})
+    f = _Fields(body, _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
+                                 "tool_choice", "parallel_tool_calls"})
     if "max_tokens" in body and "max_completion_tokens" in body:
         raise bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     max_tokens_param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -321,7 +320,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("messages", "must be a non-empty list of {role, content} objects")
-    messages, extras = [], []
+    messages = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise bad(f"messages[{i}]", "must be an object with role and content")
@@ -332,21 +331,13 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if extra:
             raise bad(f"messages[{i}].{extra[0]}", "is not supported (allowed: role, content, name, tool_calls, "
                                                    "tool_call_id)")
-        extras.append(parse_message_extras(i, m))
-        content = m.get("content")
-        messages.append((role, "" if content is None and "tool_calls" in extras[-1] else _content(i, content)))
+        content = m.get("content")  # an assistant's message that only calls tools has none
+        messages.append((role, "" if content is None and m.get("tool_calls") else _content(i, content)))
     want = f.bool("logprobs", False)
     top = f.int("top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
     if top is not None and not want:
         raise bad("top_logprobs", "needs logprobs=true")
-    tools = parse_tools(body)
-    constraint = parse_constraint(body)
-    if tools is not None and tools.calls:
-        if constraint is not None:
-            raise bad(constraint.param.split(".")[0], f"conflicts with tool_choice={json.dumps(body.get('tool_choice'))}"
-                                                      " (the tool call's schema constrains the answer)")
-        constraint = tool_constraint(tools)
-    return ChatRequest(sampling, messages, (top or 0) if want else None, max_tokens_param, constraint, tools, extras)
+    return ChatRequest(sampling, messages, (top or 0) if want else None, max_tokens_param)
 
 
 def fit_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, context: int,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..inference.grammar import Grammar, GrammarError, compile_grammar
-from .protocol import bad
+from .protocol import ChatRequest, CompletionRequest, bad
 
 CONSTRAINT_FIELDS = ("response_format", "grammar", "regex")
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -56,6 +56,27 @@ class ToolSpec:
     def calls(self) -> bool:
         """The answer is tool calls (required or named), not text."""
         return self.choice != "none"
+
+
+def read_completion(req: CompletionRequest, body: dict[str, Any]) -> CompletionRequest:
+    """``req`` (``protocol.parse_completion``'s) with its constraint read from ``body``."""
+    req.constraint = parse_constraint(body)
+    return req
+
+
+def read_chat(req: ChatRequest, body: dict[str, Any]) -> ChatRequest:
+    """``req`` (``protocol.parse_chat``'s) with its messages' tool fields, its tools, and its constraint (the
+    request's own, or the tool call's schema) read from ``body``."""
+    req.extras = [parse_message_extras(i, m) for i, m in enumerate(body["messages"])]
+    req.tools = parse_tools(body)
+    req.constraint = parse_constraint(body)
+    if req.tools is not None and req.tools.calls:
+        if req.constraint is not None:
+            raise bad(req.constraint.param.split(".")[0], f"conflicts with tool_choice="
+                                                          f"{json.dumps(body.get('tool_choice'))} (the tool call's "
+                                                          f"schema constrains the answer)")
+        req.constraint = tool_constraint(req.tools)
+    return req
 
 
 def parse_constraint(body: dict[str, Any]) -> ConstraintSpec | None:
