@@ -149,3 +149,11 @@ def test_what_cannot_be_compiled_is_one_line_naming_the_reason(kind, source, fra
     with pytest.raises(GrammarError) as err:
         compile_grammar(kind, source, tokenizer())
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_grammar_whose_first_mask_is_too_costly_is_refused_at_compile_time(monkeypatch):
+    import tinygpt.inference.grammar as grammar
+
+    monkeypatch.setattr(grammar, "MAX_FIRST_MASK_SECONDS", 0.0)  # every mask takes some time: the bound is hit
+    with pytest.raises(GrammarError, match="too complex: its first token mask took"):
+        compile_grammar("regex", "[ab]{3}", tokenizer())

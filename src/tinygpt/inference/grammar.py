@@ -36,6 +36,10 @@ GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 # its tokens on it (llguidance's default allows any run of whitespace between tokens).
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_GRAMMAR_CHARS = 100_000  # a schema or grammar's text; the body limit bounds it too
+# The first mask is the costliest (the lexer builds its states lazily, walking the token table) and llguidance's fuel
+# does not bound that walk: a regex like (a{1000}){1000} takes seconds. It is computed at compile time, on the
+# request's thread, and a grammar whose first mask takes longer than this is refused before it reaches the engine.
+MAX_FIRST_MASK_SECONDS = 2.0
 
 _tokenizers: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
@@ -153,14 +157,22 @@ class Grammar:
 def compile_grammar(kind: str, source: Any, tokenizer: Tokenizer | Any, vocab_size: int | None = None) -> Grammar:
     """Check and compile a constraint (``_grammar_text``'s kinds) for ``tokenizer``'s model of ``vocab_size`` ids
     (default: the tokenizer's). Raises ``GrammarError`` with llguidance's reason (an unsupported keyword, a regex
-    that does not parse, a grammar over the resource limits). Compiling releases the GIL (run it off the event
-    loop: a large grammar takes up to a second)."""
+    that does not parse, a grammar over the resource limits, a first mask over ``MAX_FIRST_MASK_SECONDS``).
+    Compiling releases the GIL (run it off the event loop: it may take up to a few seconds)."""
     llg = _llguidance()
     text = _grammar_text(kind, source)
     lltok = grammar_tokenizer(tokenizer)
     matcher = llg.LLMatcher(lltok, text, log_level=0, limits=_limits())
     if matcher.is_error():
         raise GrammarError(_first_line(matcher.get_error()))
+    start = time.perf_counter()
+    matcher.compute_bitmask()  # reads the state, changes nothing; the rows' copies start from it
+    took = time.perf_counter() - start
+    if matcher.is_error():
+        raise GrammarError(_first_line(matcher.get_error()))
+    if took > MAX_FIRST_MASK_SECONDS:
+        raise GrammarError(f"is too complex: its first token mask took {took:.1f} s (at most "
+                           f"{MAX_FIRST_MASK_SECONDS:g} s are allowed)")
     size = tokenizer.vocab_size if vocab_size is None else vocab_size
     return Grammar(kind, text, lltok, size, matcher)
 
