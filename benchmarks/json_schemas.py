@@ -1,9 +1,10 @@
 """Seeded JSON schemas for the structured-output proof and benchmark: objects, nested arrays, enums, ``required``,
 string lengths, numbers with bounds, ``anyOf``, ``$ref`` / ``$defs``.
 
-Every string has a ``maxLength``, every array a ``maxItems``, every number bounds and a ``multipleOf``, so that a valid answer fits a
-few dozen tokens even from a random-weight model (a string without a bound is valid however long it runs, and
-``max_tokens`` would cut it: the mask guarantees every prefix can still be completed, not that the model stops).
+Every string has a ``maxLength``, every array a ``maxItems``, every number bounds and a ``multipleOf``, so that a
+valid answer fits a few dozen tokens even from a random-weight model (a string without a bound is valid however
+long it runs, and ``max_tokens`` would cut it: the mask guarantees every prefix can still be completed, not that
+the model stops).
 """
 
 from __future__ import annotations

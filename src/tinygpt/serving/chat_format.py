@@ -30,8 +30,8 @@ def check_conversation(messages: list[tuple[str, str]],
     the message that breaks the rules."""
     extras = extras or [{} for _ in messages]
     for i, (role, _) in enumerate(messages):
-        if role == "tool" and (i == 0 or messages[i - 1][0] not in ("assistant", "tool")
-                               or not any("tool_calls" in extras[j] for j in range(i) if messages[j][0] == "assistant")):
+        called = any("tool_calls" in extras[j] for j in range(i) if messages[j][0] == "assistant")
+        if role == "tool" and (i == 0 or messages[i - 1][0] not in ("assistant", "tool") or not called):
             raise ValueError(f"messages[{i}]: a tool message must follow an assistant message with tool_calls")
     turns = [(i, role) for i, (role, _) in enumerate(messages) if role in ("user", "assistant")]
     ends_with_results = messages[-1][0] == "tool"

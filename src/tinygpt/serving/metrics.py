@@ -5,17 +5,11 @@ names unchanged: they route on queue depth and KV-cache use and chart latency. T
 scheduler when Prometheus scrapes (a custom collector), so they say what the scheduler holds at that moment; the
 counters and histograms are fed as rows finish, from the engine's thread (``prometheus_client`` is thread-safe).
 
-| name | kind | what |
-| --- | --- | --- |
-| ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` | gauge | rows decoding / waiting for a place |
-| ``vllm:kv_cache_usage_perc`` (and its older name ``vllm:gpu_cache_usage_perc``) | gauge | used blocks / all blocks (0..1) |
-| ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` | counter | prompt tokens looked up / found in the prefix cache |
-| ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` | counter | prompt tokens / generated tokens |
-| ``vllm:request_success_total`` | counter | finished rows by ``finished_reason`` (stop, length, tool_calls...) |
-| ``vllm:time_to_first_token_seconds`` | histogram | from the request's arrival to its row's first token |
-| ``vllm:time_per_output_token_seconds`` / ``vllm:inter_token_latency_seconds`` | histogram | between two tokens of a row |
-| ``vllm:e2e_request_latency_seconds`` | histogram | from arrival to the row's end |
-
+The gauges: ``vllm:num_requests_running`` / ``_waiting`` (rows), ``vllm:kv_cache_usage_perc`` (and its older name
+``vllm:gpu_cache_usage_perc``: used KV blocks over all). The counters: ``vllm:prompt_tokens`` /
+``generation_tokens``, ``vllm:prefix_cache_queries`` / ``_hits`` (prompt tokens), ``vllm:request_success`` (by
+``finished_reason``). The histograms: ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds``,
+``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds`` (docs/serving.md has the table).
 Every sample carries ``model_name`` (the served base's name), as vLLM's do.
 """
 

@@ -24,7 +24,7 @@ from ..inference.speculative import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
-from .metrics import RowTimer, ServerMetrics, scheduler_reading
+from .metrics import ServerMetrics, scheduler_reading
 from .options import ServeOptions
 from .protocol import APIError, Sampling, bad
 

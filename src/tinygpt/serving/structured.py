@@ -9,9 +9,9 @@ call's text turned back into OpenAI's ``tool_calls``.
 - ``tools`` with ``tool_choice``: ``"none"`` (the tools reach the chat template, the answer is text), a named
   function ``{"type": "function", "function": {"name": ...}}`` (the answer is that function's arguments, following
   its ``parameters`` schema), ``"required"`` (a JSON list of calls ``[{"name", "arguments"}]``, each following its
-  function's schema; at most ``MAX_PARALLEL_CALLS``, one with ``parallel_tool_calls: false``). ``"auto"`` (the default with tools) needs a
-  chat template that writes tool calls and a parser for them; tinygpt has neither, so it is refused (400) with
-  what to send instead.
+  function's schema; at most ``MAX_PARALLEL_CALLS``, one with ``parallel_tool_calls: false``). ``"auto"`` (the
+  default with tools) needs a chat template that writes tool calls and a parser for them; tinygpt has neither, so
+  it is refused (400) with what to send instead.
 
 At most one of them constrains a request. Every error is a 400 naming the field and the reason.
 """
