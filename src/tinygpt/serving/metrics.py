@@ -119,7 +119,7 @@ class RowTimer:
 
 
 def scheduler_reading(engine: Any) -> tuple[int, int, int, int]:
-    """(running rows, waiting rows, used KV blocks, all KV blocks) of a ``BatchEngine``."""
+    """(running rows, waiting rows, used KV blocks, all KV blocks) of an ``EngineThread``."""
     load = engine.load()
     blocks = engine.core.blocks
     total = blocks.capacity_blocks
