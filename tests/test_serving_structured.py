@@ -234,3 +234,26 @@ def test_embeddings_equal_hugging_face_gpt2model_on_the_export(eval_model_dirs, 
             states = hf(torch.tensor([ids])).last_hidden_state[0]  # [T, D]
             want = states.mean(0) if pooling == "mean" else states[-1]
             torch.testing.assert_close(got[i], want, atol=1e-5, rtol=0)
+
+
+def test_tools_and_tool_messages_reach_the_chat_template_as_apply_chat_template_passes_them():
+    from tinygpt.chat_template import ChatTemplate
+    from tinygpt.serving.chat_format import render_chat
+    from tinygpt.serving.protocol import parse_chat
+    from tinygpt.serving.structured import read_chat
+
+    template = ChatTemplate(  # a template that writes tools and calls (as Hermes-style templates do)
+        "{% for t in tools %}[tool {{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}(call {{ c.function.name }} {{ c.function.arguments.city }}){% endfor %}"
+        "{% if m.tool_call_id %}(for {{ m.tool_call_id }}){% endif %}{% endfor %}<assistant>")
+    body = {"messages": [{"role": "user", "content": "Weather?"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "call_1", "type": "function",
+                              "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}}]},
+                         {"role": "tool", "tool_call_id": "call_1", "content": "rain"}],
+            "tools": [WEATHER], "tool_choice": "none"}
+    req = read_chat(parse_chat(body), body)
+    text = render_chat(req.messages, template, req.extras, req.tools.tools)
+    assert text == ("[tool get_weather]<user>Weather?<assistant>(call get_weather Oslo)<tool>rain(for call_1)"
+                    "<assistant>")
