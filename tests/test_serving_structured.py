@@ -257,3 +257,33 @@ def test_tools_and_tool_messages_reach_the_chat_template_as_apply_chat_template_
     text = render_chat(req.messages, template, req.extras, req.tools.tools)
     assert text == ("[tool get_weather]<user>Weather?<assistant>(call get_weather Oslo)<tool>rain(for call_1)"
                     "<assistant>")
+
+
+HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if tools %}Call a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>{% endif %}"
+          "<|im_start|>assistant\n")
+
+
+def test_auto_reads_hermes_style_calls_and_is_refused_where_the_template_defines_none(server):
+    from tinygpt.serving.structured import ToolSpec, auto_calls, template_writes_calls
+
+    tools = ToolSpec([WEATHER, TIME], "auto", functions={"get_weather": SCHEMA, "get_time": {}})
+    content, calls = auto_calls('Let me look. <tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}'
+                                '</tool_call>', tools)
+    assert content == "Let me look." and calls[0]["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    assert auto_calls("no call here", tools) == ("no call here", None)
+    assert auto_calls('<tool_call>{"name": "unknown"}</tool_call>', tools)[1] is None
+    assert not template_writes_calls(tokenizer().chat_template)
+    hermes = tokenizer().with_chat_template(HERMES)
+    assert template_writes_calls(hermes.chat_template)
+    from tinygpt.serving.app import create_app
+    from tinygpt.serving.server import BackgroundServer
+
+    with BackgroundServer(create_app(tiny_model(context_length=256), hermes, model_name="tiny")) as other:
+        answer = _client(other).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                        tools=[WEATHER], max_tokens=6, temperature=0)
+        # a random model writes no call: the answer is its text (the template defines calls, so auto is honoured)
+        assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
+    r = _http(server).post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "tools": [WEATHER], "tool_choice": "auto"})
+    assert r.status_code == 400 and "auto" in r.json()["error"]["message"]

@@ -44,7 +44,9 @@ from .protocol import (
     parse_json, parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
-from .structured import ToolSpec, compile_spec, read_chat, read_completion, tool_calls
+from .structured import (
+    ToolSpec, auto_calls, compile_spec, read_chat, read_completion, template_writes_calls, tool_calls,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -191,7 +193,7 @@ def _chat_logprob(state: ServerState, t: TokenInfo) -> dict[str, Any]:
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     body = await _body(request)
-    req = read_chat(parse_chat(body), body)
+    req = read_chat(parse_chat(body), body, template_writes_calls(getattr(state.tokenizer, "chat_template", None)))
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
@@ -209,7 +211,7 @@ async def chat_completions(request: Request) -> Response:
         grammar = await asyncio.to_thread(compile_spec, req.constraint, state.tokenizer, state.vocab)
     stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
     choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter, grammar)
-    calls = req.tools if req.tools is not None and req.tools.calls else None  # the answer is tool calls
+    calls = req.tools if req.tools is not None and req.tools.choice != "none" else None  # read it for tool calls
     rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
@@ -240,8 +242,9 @@ async def chat_completions(request: Request) -> Response:
                     reason = event.reason
                     if calls is not None:
                         message, reason = _answer(held[index] + event.text, reason, calls)
-                        delta = ({"tool_calls": [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]}
-                                 if "tool_calls" in message else {"content": message["content"]})
+                        delta = {} if message["content"] is None else {"content": message["content"]}
+                        if "tool_calls" in message:
+                            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
                         yield _sse(chunk(index, delta))
                     elif event.text:
                         yield _sse(chunk(index, {"content": event.text}))
@@ -270,12 +273,15 @@ async def chat_completions(request: Request) -> Response:
 
 
 def _answer(text: str, reason: str, calls: ToolSpec | None) -> tuple[dict[str, Any], str]:
-    """A chat choice's message and finish reason: the text, or (tool_choice required / named) its tool calls with
-    ``finish_reason: "tool_calls"``; a call cut by max_tokens stays text, with reason "length"."""
-    parsed = None if calls is None or reason != "stop" else tool_calls(text, calls)
+    """A chat choice's message and finish reason: the text, or (tool_choice required / named / auto when the model
+    called) its tool calls with ``finish_reason: "tool_calls"``; a call cut by max_tokens stays text, with reason
+    "length"."""
+    content, parsed = text, None
+    if calls is not None and reason == "stop":
+        content, parsed = auto_calls(text, calls) if calls.auto else (None, tool_calls(text, calls))
     if parsed is None:
         return {"role": "assistant", "content": text}, reason
-    return {"role": "assistant", "content": None, "tool_calls": parsed}, "tool_calls"
+    return {"role": "assistant", "content": content, "tool_calls": parsed}, "tool_calls"
 
 
 # ------------------------------------------------------------------------------------------ the rest

@@ -10,8 +10,9 @@ call's text turned back into OpenAI's ``tool_calls``.
   function ``{"type": "function", "function": {"name": ...}}`` (the answer is that function's arguments, following
   its ``parameters`` schema), ``"required"`` (a JSON list of calls ``[{"name", "arguments"}]``, each following its
   function's schema; at most ``MAX_PARALLEL_CALLS``, one with ``parallel_tool_calls: false``). ``"auto"`` (the
-  default with tools) needs a chat template that writes tool calls and a parser for them; tinygpt has neither, so
-  it is refused (400) with what to send instead.
+  default with tools) lets the model choose, which needs a chat template that defines how a call is written: the
+  one convention read here is Hermes' (Qwen 2.5, NousResearch), ``<tool_call>{"name", "arguments"}</tool_call>``
+  in the answer; with any other template "auto" is refused (400) with what to send instead.
 
 At most one of them constrains a request. Every error is a 400 naming the field and the reason.
 """
@@ -19,6 +20,7 @@ At most one of them constrains a request. Every error is a 400 naming the field 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,8 @@ CONSTRAINT_FIELDS = ("response_format", "grammar", "regex")
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 4  # calls in one answer with parallel_tool_calls (a small model may otherwise list calls forever)
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' convention (tool_choice "auto")
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 
 
 @dataclass
@@ -54,8 +58,13 @@ class ToolSpec:
 
     @property
     def calls(self) -> bool:
-        """The answer is tool calls (required or named), not text."""
-        return self.choice != "none"
+        """The answer is tool calls (required or named), under their schema."""
+        return self.choice not in ("none", "auto")
+
+    @property
+    def auto(self) -> bool:
+        """The model chooses: its text is read for calls written the template's way."""
+        return self.choice == "auto"
 
 
 def read_completion(req: CompletionRequest, body: dict[str, Any]) -> CompletionRequest:
@@ -64,11 +73,17 @@ def read_completion(req: CompletionRequest, body: dict[str, Any]) -> CompletionR
     return req
 
 
-def read_chat(req: ChatRequest, body: dict[str, Any]) -> ChatRequest:
+def template_writes_calls(template: Any) -> bool:
+    """Whether a chat template defines how a tool call is written, in the one convention read here (Hermes')."""
+    return template is not None and CALL_OPEN in getattr(template, "source", "")
+
+
+def read_chat(req: ChatRequest, body: dict[str, Any], writes_calls: bool = False) -> ChatRequest:
     """``req`` (``protocol.parse_chat``'s) with its messages' tool fields, its tools, and its constraint (the
-    request's own, or the tool call's schema) read from ``body``."""
+    request's own, or the tool call's schema) read from ``body``; ``writes_calls``: the model's chat template
+    defines how a call is written (``template_writes_calls``), so ``tool_choice: "auto"`` may be honoured."""
     req.extras = [parse_message_extras(i, m) for i, m in enumerate(body["messages"])]
-    req.tools = parse_tools(body)
+    req.tools = parse_tools(body, writes_calls)
     req.constraint = parse_constraint(body)
     if req.tools is not None and req.tools.calls:
         if req.constraint is not None:
@@ -117,7 +132,7 @@ def parse_constraint(body: dict[str, Any]) -> ConstraintSpec | None:
     return found[0] if found else None
 
 
-def parse_tools(body: dict[str, Any]) -> ToolSpec | None:
+def parse_tools(body: dict[str, Any], writes_calls: bool = False) -> ToolSpec | None:
     """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` of a chat request (None without tools)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
@@ -163,11 +178,11 @@ def parse_tools(body: dict[str, Any]) -> ToolSpec | None:
             raise bad("tool_choice.function.name", f"{fn['name']!r} is not among the tools; the tools are "
                                                    f"{', '.join(repr(n) for n in functions)}")
         choice, named = fn["name"], True
-    elif choice == "auto":  # which text is a call is the chat template's convention; tinygpt's define none
+    elif choice == "auto" and not writes_calls:  # which text is a call is the chat template's convention
         raise bad("tool_choice", '"auto" needs a chat template that defines how a tool call is written, and this '
                                  'server reads none; send "required", a named function or "none" (the default with '
                                  'tools is "auto", as in OpenAI\'s API)')
-    elif choice not in ("none", "required"):
+    elif choice not in ("none", "required", "auto"):
         raise bad("tool_choice", f'must be "none", "auto", "required" or a named function, got {json.dumps(choice)}')
     return ToolSpec(tools, choice, named, parallel, functions)
 
@@ -210,6 +225,25 @@ def tool_calls(text: str, tools: ToolSpec) -> list[dict[str, Any]] | None:
         return None
     return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
+
+
+def auto_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(content, calls) of an answer with ``tool_choice: "auto"``: the calls it wrote as
+    ``<tool_call>{"name", "arguments"}</tool_call>`` (each naming one of the tools, with JSON arguments), and the
+    text before the first; (text, None) when it wrote none that parse."""
+    calls = []
+    for found in _CALL.finditer(text):
+        try:
+            call = json.loads(found.group(1))
+        except ValueError:
+            return text, None
+        if not (isinstance(call, dict) and call.get("name") in tools.functions):
+            return text, None
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}})
+    if not calls:
+        return text, None
+    return text[:text.index(CALL_OPEN)].strip() or None, calls
 
 
 def parse_message_extras(i: int, message: dict[str, Any]) -> dict[str, Any]:
