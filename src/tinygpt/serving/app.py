@@ -32,14 +32,13 @@ from starlette.routing import Route
 from torch import nn
 
 from ..text_stream import TextCodec
-from .chat_format import chat_prompt
 from .edge import BodyGuard, HostGuard
 from .engine import Finish, PromptLogprobs, Step, TokenInfo
 from .inspect import inspect_text
 from .options import ServeOptions
 from .protocol import (
     MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
-    parse_json, parse_tokenize,
+    parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
 
@@ -52,8 +51,9 @@ def _state(request: Request) -> ServerState:
 
 async def _body(request: Request) -> dict[str, Any]:
     """The authorized request's JSON body, parsed and checked off the event loop (a large body takes a while)."""
-    _state(request).authorize(request)
-    return await asyncio.to_thread(parse_json, await request.body())
+    state = _state(request)
+    state.authorize(request)
+    return await state.parse(await request.body())
 
 
 def _usage(state: ServerState, prompt_tokens: int, usage: Usage) -> dict[str, Any]:
@@ -189,11 +189,11 @@ async def chat_completions(request: Request) -> Response:
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
     # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
-    # Completion). Off the loop: a long text.
-    try:
-        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages)
-    except ValueError as err:
-        raise bad("messages", str(err)) from None
+    # Completion). Off the loop and bounded in time and size (``ServerState.chat_prompt``).
+    prompt = await state.chat_prompt(request, req.messages)
+    if prompt is None:
+        return _gone()
+    ids, template_stops = prompt
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
     stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
     choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter)
@@ -285,7 +285,7 @@ async def tokenize(request: Request) -> Response:
         return json.dumps({"tokens": ids, "count": len(ids), "max_model_len": state.context,
                            "pieces": [state.token_text(t) for t in ids]}).encode()
 
-    return Response(await asyncio.to_thread(answer), media_type="application/json")
+    return Response(await state.utility(answer), media_type="application/json")
 
 
 async def tokenizer_info(request: Request) -> Response:
@@ -303,7 +303,7 @@ async def detokenize(request: Request) -> Response:
     name, ids = parse_detokenize(await _body(request))
     state.check_model(name)
     state.check_ids(ids, "tokens")
-    return JSONResponse({"prompt": await asyncio.to_thread(state.tokenizer.decode, ids)})
+    return JSONResponse({"prompt": await state.utility(lambda: state.tokenizer.decode(ids))})
 
 
 async def inspect(request: Request) -> Response:

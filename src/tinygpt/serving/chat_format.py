@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..alignment.chat import STOP_TEXTS, require_chat_template, template_stop_texts
 from ..alignment.data import ALPACA_CHAT_TEMPLATE
-from ..chat_template import ChatTemplate
+from ..chat_template import ChatTemplate, RenderLimits
 from ..text_stream import TextCodec
 from ..tokenizer import ENDOFTEXT, Tokenizer
 
@@ -39,19 +39,32 @@ def check_conversation(messages: list[tuple[str, str]]) -> list[dict[str, str]]:
     return [{"role": "system" if role == "developer" else role, "content": content} for role, content in messages]
 
 
-def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None) -> str:
+def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None,
+                limits: RenderLimits | None = None) -> str:
     """The prompt text for a conversation: ``template`` (default: the Alpaca template SFT writes) with the
-    generation prompt. Errors as ``check_conversation``'s, and the template's own as ``ValueError``."""
+    generation prompt, within ``limits`` (``chat_template.RenderLimits``). Errors as ``check_conversation``'s, and
+    the template's own as ``ValueError``."""
     template = template or ChatTemplate(ALPACA_CHAT_TEMPLATE)
-    return template.render(check_conversation(messages), add_generation_prompt=True)
+    return template.render(check_conversation(messages), add_generation_prompt=True, limits=limits)
+
+
+def chat_text(tokenizer: TextCodec, messages: list[tuple[str, str]],
+              limits: RenderLimits | None = None) -> tuple[str, tuple[str, ...]]:
+    """(prompt text, stop texts) for a conversation with ``tokenizer``'s model, rendered within ``limits``. A
+    ``ValueError`` says what is wrong: no chat template, a conversation the rules or the template refuse, a
+    template past its limits."""
+    template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
+    return render_chat(messages, template, limits), template_stop_texts(template, limits)
+
+
+def encode_chat(tokenizer: TextCodec, text: str) -> list[int]:
+    """A rendered chat's ids. The template may write special tokens (eos_token, ...): they become their ids, as
+    transformers tokenizes a rendered chat; the messages themselves may not hold one (check_conversation)."""
+    ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)
+    return list(ids)
 
 
 def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
-    """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model. A ``ValueError`` says what is wrong:
-    no chat template, a conversation the rules or the template refuse, text the tokenizer cannot encode."""
-    template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
-    text = render_chat(messages, template)
-    # The template may write special tokens (eos_token, ...): they become their ids, as transformers tokenizes a
-    # rendered chat; the messages themselves may not hold one (check_conversation).
-    ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)
-    return list(ids), template_stop_texts(template)
+    """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model (the default ``RenderLimits``)."""
+    text, stops = chat_text(tokenizer, messages)
+    return encode_chat(tokenizer, text), stops

@@ -75,6 +75,8 @@ class ServeOptions:
     header_timeout: float = option(10.0, "seconds a connection may take to send a request's headers; beyond, "
                                          "408 and closed")
     body_timeout: float = option(30.0, "seconds a request may take to send its body; beyond, 408")
+    template_timeout: float = option(2.0, "seconds the chat template may take to render one request's prompt; "
+                                          "beyond, 400")
     keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open (uvicorn's "
                                         "timeout_keep_alive)")
     max_header_bytes: int = option(16384, "largest request head (request line + headers); beyond, 400 (uvicorn's "
@@ -112,6 +114,7 @@ class ServeOptions:
         checks.int_in_range("max_body_bytes", self.max_body_bytes, 1024, None)
         checks.positive_number("header_timeout", self.header_timeout)
         checks.positive_number("body_timeout", self.body_timeout)
+        checks.positive_number("template_timeout", self.template_timeout)
         checks.positive_int("keep_alive_timeout", self.keep_alive_timeout)
         checks.int_in_range("max_header_bytes", self.max_header_bytes, 1024, None)
         checks.positive_int("max_connections", self.max_connections, optional=True)

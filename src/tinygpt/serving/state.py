@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -19,13 +21,19 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import Request
 from torch import nn
 
+from ..chat_template import RenderLimits
 from ..generation import GenerationConfig
 from ..inference.speculative import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
+from .chat_format import chat_text, encode_chat
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .options import ServeOptions
-from .protocol import APIError, Sampling, bad
+from .protocol import APIError, Sampling, bad, parse_json
+
+INLINE_JSON_BYTES = 16384  # a body this small is parsed on the event loop (well under a millisecond)
+PARSE_THREADS = 2  # larger bodies: parsed on their own threads, never queued behind /tokenize's work
+UTILITY_THREADS = 4  # /tokenize and /detokenize: their own threads, so they never delay a generation request
 
 RETRY_AFTER_SECONDS = 1
 
@@ -151,12 +159,20 @@ class ServerState:
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
+        self._pools()
+        self.max_prompt_chars, self._prompt_chars_note = self._prompt_char_limit()
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
 
     # ------------------------------------------------------------------------------------------ lifespan
+    def _pools(self) -> None:
+        self.parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tinygpt-parse")
+        self.utility_pool = ThreadPoolExecutor(UTILITY_THREADS, thread_name_prefix="tinygpt-utility")
+
     def start(self) -> None:
         o = self.options
+        if self.parse_pool._shutdown:  # started again after a stop
+            self._pools()
         self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
@@ -183,6 +199,8 @@ class ServerState:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
+        for pool in (self.parse_pool, self.utility_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def abort_all(self, message: str = "the server shut down before the request finished") -> int:
         """End every request in flight with an error (streams: an error event and ``[DONE]``); returns how many."""
@@ -248,6 +266,60 @@ class ServerState:
                           + (f" (the tokenizer's; the model has {self.vocab} rows)" if self.text_vocab < self.vocab
                              else ""))
         return ids
+
+    async def parse(self, raw: bytes) -> dict[str, Any]:
+        """A request body as JSON (``protocol.parse_json``): a small one on the loop, a larger one on the parse
+        threads (``parse_pool``), which nothing else uses."""
+        if len(raw) <= INLINE_JSON_BYTES:
+            return parse_json(raw)
+        return await asyncio.get_running_loop().run_in_executor(self.parse_pool, parse_json, raw)
+
+    async def utility(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the /tokenize and /detokenize threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.utility_pool, fn)
+
+    # ------------------------------------------------------------------------------------------ chat prompts
+    def _prompt_char_limit(self) -> tuple[int, str]:
+        """The longest rendered chat prompt worth tokenizing: no token is longer than the tokenizer's longest
+        (L bytes), so a text of more than context x L bytes has more tokens than the context holds; and no prompt
+        longer than a request body may be (--max-body-bytes)."""
+        limit, note = self.options.max_body_bytes, " (--max-body-bytes)"
+        get = getattr(self.tokenizer, "token_bytes", None)
+        if get is not None:
+            longest = max(len(get(t)) for t in range(self.text_vocab))
+            if self.context * longest < limit:
+                limit = self.context * longest
+                note = (f" (a longer prompt has more than the context's {self.context} tokens: no token is longer "
+                        f"than {longest} bytes)")
+        return limit, note
+
+    async def chat_prompt(self, request: Request, messages: list[tuple[str, str]]
+                          ) -> tuple[list[int], tuple[str, ...]] | None:
+        """(prompt ids, stop texts) of a conversation through the model's chat template, rendered off the loop
+        within ``--template-timeout`` and ``max_prompt_chars`` (checked before any token is made, as the text
+        streams out), and stopped when the client leaves (None then). 400 naming the template for anything it
+        refuses or any limit it passes."""
+        cancelled = threading.Event()
+        limits = RenderLimits(self.options.template_timeout, self.max_prompt_chars, cancelled,
+                              self._prompt_chars_note)
+
+        def work() -> tuple[list[int], tuple[str, ...]]:
+            text, stops = chat_text(self.tokenizer, messages, limits)
+            return encode_chat(self.tokenizer, text), stops
+
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                cancelled.set()  # the rendering stops at the template's next line
+                return None
+            try:
+                return task.result()
+            except ValueError as err:
+                raise bad("messages", str(err)) from None
+        finally:
+            gone.cancel()
 
     # ------------------------------------------------------------------------------------------ token text
     def token_bytes(self, token: int) -> bytes:
