@@ -99,3 +99,48 @@ def test_a_template_that_fails_otherwise_is_a_400_not_a_500(model):
         message = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}),
                          400)
         assert "the chat template failed: ZeroDivisionError" in message
+
+
+# --------------------------------------------------------------------- E2: prompt log-probabilities at admission
+def test_prompt_logprobs_go_through_the_token_budget_between_decode_steps(model):
+    """E2: echo + logprobs rows ran a whole-prompt forward each at admission, before the next decode step (4 x
+    1,025-token prompts x n 16 froze a stream for 212 s). Now a prompt is scored once for its n rows, in chunks of
+    at most the token budget, with the running rows' decode steps between the chunks."""
+    from tinygpt.serving.engine import BatchEngine, EngineRequest, PromptLogprobs
+    from tinygpt.generation import GenerationConfig
+
+    from serving_support import Collector
+
+    budget = 16
+    engine = BatchEngine(model, tokenizer(), max_batch=8, max_queue=64, token_budget=budget)
+    forwards: list[tuple[str, int]] = []  # ("score" | "core", tokens) of each forward, in order
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append(("core" if kwargs.get("batch") is not None else "score",
+                                                      args[0].shape[1])), with_kwargs=True)
+    try:
+        stream = Collector()
+        engine.submit([EngineRequest(tokenizer().encode("The"), GenerationConfig(max_new_tokens=100), stream)])
+        wait_until(lambda: len(stream.events) >= 2)
+        prompt = tokenizer().encode(PROMPT * 20)[:100]
+        sinks = [Collector() for _ in range(4)]
+        engine.submit([EngineRequest(prompt, GenerationConfig(max_new_tokens=2), sink, logprobs=0,
+                                     prompt_logprobs=True) for sink in sinks])
+        for sink in sinks:
+            sink.wait()
+            assert isinstance(sink.events[0], PromptLogprobs) and len(sink.events[0].tokens) == len(prompt)
+        stream.wait()
+    finally:
+        hook.remove()
+        engine.shutdown()
+    assert max(tokens for _, tokens in forwards) <= budget
+    scoring = [i for i, (kind, _) in enumerate(forwards) if kind == "score"]
+    assert len(scoring) == -(-len(prompt) // budget)  # once for the four rows
+    assert all(b - a > 1 for a, b in zip(scoring, scoring[1:]))  # a decode step between every two chunks
+    # the chunked scores equal one whole-prompt forward's
+    import torch
+
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt]))[0].log_softmax(-1)
+    got = sinks[0].events[0].tokens
+    for t in range(1, len(prompt)):
+        assert got[t].logprob == pytest.approx(ref[t - 1, prompt[t]].item(), abs=1e-4)

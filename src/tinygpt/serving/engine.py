@@ -8,6 +8,10 @@ tokens into events (``Step``, ``Finish``) and its text into final pieces (``text
 UTF-8 character, no partial stop text; a stop text or the end-of-text token ends the row with
 ``finish_reason="stop"``, ``max_tokens`` with ``"length"``).
 
+Prompt log-probabilities (``echo`` with ``logprobs``) are computed like any other forward: in chunks of at most the
+token budget, one chunk between two engine steps, through a small cache of their own (``_Scoring``), and once for
+rows that share a prompt (``n`` choices); the rows join the core when their prompt is scored.
+
 Sampling is per row (its own settings, generator and seen-set), so a greedy row's tokens equal ``generate`` on its
 prompt alone and a seeded sampled row repeats whatever else is in the batch. A row that fails (its sampling, its
 settings, its sink) finishes alone with reason "error"; the others carry on and every request gets a ``Finish``.
@@ -30,6 +34,7 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
+from ..kv_cache import KVCache
 from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
@@ -128,6 +133,38 @@ class _Live:
         self.done = False
 
 
+class _Scoring:
+    """The prompt log-probabilities of one prompt (with one adapter and one ``top``), for every row that asked:
+    fed in chunks through a KV cache, position t scoring token t + 1 (a C + 1-token prompt feeds its first C, as
+    lm-eval's HF class scores a window). ``tokens``: what is scored so far."""
+
+    def __init__(self, prompt: list[int], adapter: int, top: int, context: int) -> None:
+        self.prompt, self.adapter, self.top = prompt, adapter, top
+        self.fed = prompt[:context]
+        self.tokens = [TokenInfo(prompt[0], None, [])]
+        self.cache: KVCache | None = None
+        self.waiting: list[_Live] = []
+
+    def chunk(self, model: nn.Module, budget: int) -> bool:
+        """Score the next ``budget`` positions; True once the prompt is done."""
+        param = next(model.parameters())
+        if self.cache is None:
+            self.cache = KVCache(model.config, 1, dtype=param.dtype, device=param.device, max_length=len(self.fed))
+        start = len(self.tokens) - 1
+        end = min(len(self.fed), start + budget)
+        ids = torch.tensor([self.fed[start:end]], device=param.device)  # [1, T]
+        with _adapter(model, self.adapter):
+            logprobs = model(ids, cache=self.cache, start_pos=start)[0].float().log_softmax(-1)  # [T, V]
+        for t in range(start, min(end, len(self.prompt) - 1)):
+            token = self.prompt[t + 1]
+            self.tokens.append(TokenInfo(token, float(logprobs[t - start, token]), _top(logprobs[t - start],
+                                                                                          self.top)))
+        if end == len(self.fed):
+            self.cache = None
+            return True
+        return False
+
+
 class BatchEngine:
     """A thread that runs the inference core; ``submit`` is thread-safe and events reach each request's ``sink``.
 
@@ -163,6 +200,7 @@ class BatchEngine:
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
         self._live: dict[int, _Live] = {}
+        self._scoring: dict[tuple[Any, ...], _Scoring] = {}  # prompts being scored, first come first served
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tinygpt-engine", daemon=True)
@@ -236,6 +274,8 @@ class BatchEngine:
                     for req in newcomers:
                         self._add(req)
                     self._drop_cancelled()
+                    if self._scoring:
+                        self._score()
                     if self.core.has_work:
                         self._step()
             except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
@@ -243,6 +283,7 @@ class BatchEngine:
                 for live in list(self._live.values()):
                     self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
                 self.core = InferenceEngine(self.model, **self._options)
+                self._scoring.clear()
         for live in list(self._live.values()):
             self._finish(live, Finish("cancelled", message="the server shut down"))
         for req in newcomers:
@@ -292,28 +333,45 @@ class BatchEngine:
                 generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
             row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req,
                       adapter=req.adapter)
-            if req.prompt_logprobs:
-                ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
-                with _adapter(self.model, req.adapter):
-                    scored = self._prompt_logprobs(ids, req.logprobs or 0)
-                if not self._emit(req, PromptLogprobs(scored)):
-                    raise RuntimeError("the request's sink failed")
-            self.core.add(row)
+            live = _Live(req, row, self.tokenizer)
+            if req.prompt_logprobs:  # the row joins the core once its prompt is scored (``_score``)
+                key = (tuple(req.prompt), req.adapter, req.logprobs or 0)
+                if key not in self._scoring:
+                    self._scoring[key] = _Scoring(req.prompt, req.adapter, req.logprobs or 0,
+                                                  self.model.config.context_length)
+                self._scoring[key].waiting.append(live)
+            else:
+                self.core.add(row)
         except Exception as err:
             self._emit(req, Finish("error", message=f"{type(err).__name__}: {err}", prompt_tokens=len(req.prompt)))
             return
-        self._live[row.id] = _Live(req, row, self.tokenizer)
+        self._live[row.id] = live
 
-    def _prompt_logprobs(self, ids: torch.Tensor, top: int) -> list[TokenInfo]:
-        """Each prompt token's log-probability given the tokens before it (the first has none). ids [1, P]."""
-        # position t predicts token t + 1, so P tokens need only their first min(P, C) fed: a C + 1-token window
-        # is scored as lm-eval's HF class scores it (the model reads C tokens)
-        logprobs = self.model(ids[:, :self.model.config.context_length])[0].float().log_softmax(-1)  # [P', V]
-        prompt = ids[0].tolist()
-        out = [TokenInfo(prompt[0], None, [])]
-        for t in range(1, len(prompt)):
-            out.append(TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]), _top(logprobs[t - 1], top)))
-        return out
+    def _score(self) -> None:
+        """One chunk of the first prompt being scored (at most the token budget, as any engine forward); when it
+        is done, each row that asked gets its ``PromptLogprobs`` and joins the core."""
+        key, job = next(iter(self._scoring.items()))
+        job.waiting = [live for live in job.waiting if not live.done]
+        if not job.waiting:
+            del self._scoring[key]
+            return
+        try:
+            done = job.chunk(self.model, self._options["token_budget"])
+        except Exception as err:
+            del self._scoring[key]
+            for live in job.waiting:
+                self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
+            return
+        if done:
+            del self._scoring[key]
+            for live in job.waiting:
+                if not self._emit(live.req, PromptLogprobs(job.tokens)):
+                    self._finish(live, Finish("error", message="the request's sink failed"))
+                    continue
+                try:
+                    self.core.add(live.row)
+                except Exception as err:
+                    self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
 
     def _drop_cancelled(self) -> None:
         for live in list(self._live.values()):
