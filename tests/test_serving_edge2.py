@@ -144,3 +144,127 @@ def test_prompt_logprobs_go_through_the_token_budget_between_decode_steps(model)
     got = sinks[0].events[0].tokens
     for t in range(1, len(prompt)):
         assert got[t].logprob == pytest.approx(ref[t - 1, prompt[t]].item(), abs=1e-4)
+
+
+# --------------------------------------------------------------------- E4: bodies dripped a byte at a time
+def _dripping(server, count: int, length: int = 10000) -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection((server.host, server.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n{" % length)
+        socks.append(s)
+    return socks
+
+
+def _status(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def test_slow_body_senders_cannot_take_every_connection(model):
+    """E4: --max-connections connections that sent their head and dripped the body made every new connection,
+    /health included, a 503 for the whole body timeout. Now they hold at most --max-body-connections slots (the
+    rest are 503 at once) and must keep --min-body-rate (408)."""
+    with live_server(model, max_connections=8, body_timeout=30) as server:
+        socks = _dripping(server, 8)
+        drip = threading.Event()
+
+        def dripper() -> None:  # one byte every 0.2 s from each: 5 bytes/s, under the minimum rate
+            while not drip.wait(0.2):
+                for s in socks:
+                    with contextlib.suppress(OSError):
+                        s.send(b" ")
+
+        threading.Thread(target=dripper, daemon=True).start()
+        try:
+            wait_until(lambda: server.app.state.tinygpt is not None and True, 5)
+            time.sleep(0.3)
+            assert httpx.get(server.url + "/health", timeout=5).json()["status"] == "ok"
+            statuses = [_status(s) for s in socks]
+        finally:
+            drip.set()
+            for s in socks:
+                s.close()
+    assert statuses.count(b"HTTP/1.1 503 Service Unavailable") == 4  # past the 4 body slots
+    assert statuses.count(b"HTTP/1.1 408 Request Timeout") == 4  # under the minimum rate, after the grace
+
+
+def test_a_body_sent_at_the_minimum_rate_is_read(model):
+    with live_server(model, min_body_rate=200) as server:
+        s = socket.create_connection((server.host, server.port), timeout=10)
+        body = b'{"prompt": "Every effort moves", "max_tokens": 2}' + b" " * 250
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 100):  # 100 bytes every 0.25 s: 400 bytes/s
+            s.sendall(body[i:i + 100])
+            time.sleep(0.25)
+        assert _status(s) == b"HTTP/1.1 200 OK"
+        s.close()
+
+
+# --------------------------------------------------------------------- E3: answers nobody reads
+def test_an_answer_left_unread_is_dropped_after_the_write_timeout(model):
+    """E3: a client that does not read its answer pinned it in memory with no write timeout (150 non-reading
+    /inspect clients: RSS 0.34 -> 1.62 GB). Now its connection is aborted --write-timeout seconds after its send
+    buffer filled."""
+    with live_server(model, write_timeout=0.5) as server:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((server.host, server.port))
+        connections = server.server.server_state.connections
+        wait_until(lambda: connections, 5)
+        for protocol in connections:  # a small kernel buffer, as over a real network (loopback's hold megabytes)
+            protocol.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        body = b'{"text": "%s", "logit_lens": true}' % (b"Every effort moves you " * 7)
+        s.sendall(b"POST /inspect HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: not connections, 20, "the unread connection closed")
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(1 << 16):
+                data += chunk
+        s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0])
+    assert len(rest) < length  # cut: the server dropped what the client did not read
+
+
+# --------------------------------------------------------------------- E14: inspections starving the streams
+def test_inspections_get_at_most_the_time_the_rows_get(model):
+    """E14: one /inspect ran between every two decode steps (and all waiting ones at once), so six looping
+    /inspect clients cut 32 streams' completed requests from 1,633 to 190 in 120 s. Now a job runs only once the
+    rows have had as much time as the last job took."""
+    from tinygpt.generation import GenerationConfig
+    from tinygpt.serving.engine import BatchEngine, EngineRequest
+
+    from serving_support import Collector
+
+    engine = BatchEngine(model, tokenizer(), max_batch=4)
+    order: list[str] = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: order.append("step") if kwargs.get("batch") is not None else None,
+        with_kwargs=True)
+    try:
+        stream = Collector()
+        engine.submit([EngineRequest(tokenizer().encode("The"), GenerationConfig(max_new_tokens=60), stream)])
+        wait_until(lambda: len(stream.events) >= 2)
+        finished = threading.Semaphore(0)
+        for _ in range(10):
+            engine.call(lambda: (order.append("job"), time.sleep(0.02)), lambda result, error: finished.release())
+        for _ in range(10):
+            assert finished.acquire(timeout=60)
+        stream.wait()
+    finally:
+        hook.remove()
+        engine.shutdown()
+    jobs = [i for i, kind in enumerate(order) if kind == "job"]
+    assert len(jobs) == 10
+    assert all(b - a > 1 for a, b in zip(jobs, jobs[1:]) if b < len(order) - 1 and "step" in order[b:])

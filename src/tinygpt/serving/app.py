@@ -306,13 +306,32 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"prompt": await state.utility(lambda: state.tokenizer.decode(ids))})
 
 
+class _HeldResponse(Response):
+    """A response that holds a place until its body is sent (or its client is gone): an answer left unread stays
+    counted (``/inspect``'s place in the queue), so unread answers are bounded in number as well as in time
+    (``--write-timeout``)."""
+
+    def __init__(self, body: bytes, place: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        super().__init__(body, media_type="application/json")
+        self.place = place
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.place.__aexit__(None, None, None)
+
+
 async def inspect(request: Request) -> Response:
-    """Admitted through the queue before any work (``ServerState.inspect_place``); its size is bounded by the token
-    limit below."""
+    """Admitted through the queue before any work (``ServerState.inspect_place``), which it holds until its answer
+    is sent; its size is bounded by the token limit below."""
     state = _state(request)
     state.authorize(request)
-    async with state.inspect_place():
+    place = state.inspect_place()
+    await place.__aenter__()
+    try:
         req = parse_inspect(await _body(request))
+        adapter = state.check_model(req.model)
         ids = await asyncio.to_thread(state.encode, req.text, "text")
         limit = min(state.context, MAX_INSPECT_TOKENS)
         if len(ids) > limit:
@@ -321,9 +340,13 @@ async def inspect(request: Request) -> Response:
             raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
                                f"{req.layer}")
         result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
-                                                              top=req.top, logit_lens=req.logit_lens))
+                                                              top=req.top, logit_lens=req.logit_lens,
+                                                              adapter=adapter))
         body = await asyncio.to_thread(lambda: json.dumps(result).encode())
-    return Response(body, media_type="application/json")
+    except BaseException:
+        await place.__aexit__(None, None, None)
+        raise
+    return _HeldResponse(body, place)
 
 
 def _page() -> str:

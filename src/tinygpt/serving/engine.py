@@ -23,6 +23,7 @@ import collections
 import contextlib
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
@@ -200,6 +201,7 @@ class BatchEngine:
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
         self._live: dict[int, _Live] = {}
+        self._job_debt = 0.0  # seconds the rows are owed for the last job's time (``_loop``)
         self._scoring: dict[tuple[Any, ...], _Scoring] = {}  # prompts being scored, first come first served
         self._cv = threading.Condition()
         self._stopping = False
@@ -231,7 +233,8 @@ class BatchEngine:
 
     def call(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
         """Run ``fn()`` on the engine's thread between two steps (so it never competes with the batch for the
-        model); ``done(result, error)`` is called there afterwards."""
+        model), one at a time, each after the rows have had as much time as the last one took; ``done(result,
+        error)`` is called there afterwards."""
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
@@ -257,27 +260,35 @@ class BatchEngine:
     # ------------------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # this thread only runs inference
+        job = None
         while True:
             with self._cv:
                 while not (self._live or self._inbox or self._jobs or self._stopping):
                     self._cv.wait()
-                jobs = list(self._jobs)
-                self._jobs.clear()
                 newcomers = list(self._inbox)
                 self._inbox.clear()
                 if self._stopping:
                     break
+                # a job (an /inspect) runs when the rows have had as much time since the last one as it took:
+                # with rows decoding, jobs get at most half the engine, however many wait
+                busy = self.core.has_work or bool(self._scoring)
+                job = self._jobs.popleft() if self._jobs and (self._job_debt <= 0 or not busy) else None
             try:
                 with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
-                    for fn, done in jobs:
-                        self._run_job(fn, done)
+                    if job is not None:
+                        start = time.monotonic()
+                        self._run_job(*job)
+                        self._job_debt = time.monotonic() - start if busy else 0.0
+                        job = None
                     for req in newcomers:
                         self._add(req)
                     self._drop_cancelled()
+                    start = time.monotonic()
                     if self._scoring:
                         self._score()
                     if self.core.has_work:
                         self._step()
+                    self._job_debt = max(0.0, self._job_debt - (time.monotonic() - start))
             except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
                 traceback.print_exc(file=sys.stderr)
                 for live in list(self._live.values()):
@@ -288,8 +299,9 @@ class BatchEngine:
             self._finish(live, Finish("cancelled", message="the server shut down"))
         for req in newcomers:
             self._emit(req, Finish("cancelled", message="the server shut down", prompt_tokens=len(req.prompt)))
-        for fn, done in jobs:
+        for fn, done in self._jobs:
             done(None, EngineStopped("the server is shutting down"))
+        self._jobs.clear()
 
     @staticmethod
     def _run_job(fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:

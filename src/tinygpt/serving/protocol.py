@@ -365,6 +365,7 @@ class InspectRequest:
     layer: int
     top: int
     logit_lens: bool
+    model: str | None = None
 
 
 MAX_INSPECT_TOKENS = 256  # the page draws T x T heat maps
@@ -372,9 +373,9 @@ MAX_INSPECT_TOKENS = 256  # the page draws T x T heat maps
 
 def parse_inspect(body: dict[str, Any]) -> InspectRequest:
     f = _Fields(body, {"model", "text", "layer", "top", "logit_lens"})
-    f.str("model")
+    model = f.str("model")
     text = f.str("text")
     if not text:
         raise bad("text", "is required and must not be empty")
     return InspectRequest(text, f.int("layer", 0, lo=0), f.int("top", 5, lo=1, hi=MAX_LOGPROBS),
-                          f.bool("logit_lens", False))
+                          f.bool("logit_lens", False), model)
