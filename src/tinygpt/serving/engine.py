@@ -340,11 +340,8 @@ class BatchEngine:
             return
         try:
             cfg = req.config
-            generator = None
-            if cfg.seed is not None and cfg.temperature > 0:
-                generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
-            row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req,
-                      adapter=req.adapter)
+            row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
             live = _Live(req, row, self.tokenizer)
             if req.prompt_logprobs:  # the row joins the core once its prompt is scored (``_score``)
                 key = (tuple(req.prompt), req.adapter, req.logprobs or 0)
