@@ -115,7 +115,7 @@ def test_prompt_logprobs_go_through_the_token_budget_between_decode_steps(model)
     engine = BatchEngine(model, tokenizer(), max_batch=8, max_queue=64, token_budget=budget)
     forwards: list[tuple[str, int]] = []  # ("score" | "core", tokens) of each forward, in order
     hook = model.register_forward_pre_hook(
-        lambda module, args, kwargs: forwards.append(("core" if kwargs.get("batch") is not None else "score",
+        lambda module, args, kwargs: forwards.append(("score" if isinstance(kwargs.get("pos"), int) else "core",
                                                       args[0].shape[1])), with_kwargs=True)
     try:
         stream = Collector()
@@ -250,7 +250,7 @@ def test_inspections_get_at_most_the_time_the_rows_get(model):
     engine = BatchEngine(model, tokenizer(), max_batch=4)
     order: list[str] = []
     hook = model.register_forward_pre_hook(
-        lambda module, args, kwargs: order.append("step") if kwargs.get("batch") is not None else None,
+        lambda module, args, kwargs: order.append("step") if kwargs.get("cache") is not None else None,
         with_kwargs=True)
     try:
         stream = Collector()

@@ -35,7 +35,7 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
-from ..kv_cache import KVCache
+from ..inference.kv_cache import KVCache
 from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
@@ -155,7 +155,7 @@ class _Scoring:
         end = min(len(self.fed), start + budget)
         ids = torch.tensor([self.fed[start:end]], device=param.device)  # [1, T]
         with _adapter(model, self.adapter):
-            logprobs = model(ids, cache=self.cache, start_pos=start)[0].float().log_softmax(-1)  # [T, V]
+            logprobs = model(ids, cache=self.cache, pos=start)[0].float().log_softmax(-1)  # [T, V]
         for t in range(start, min(end, len(self.prompt) - 1)):
             token = self.prompt[t + 1]
             self.tokens.append(TokenInfo(token, float(logprobs[t - start, token]), _top(logprobs[t - start],
