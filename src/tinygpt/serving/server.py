@@ -246,16 +246,21 @@ def run_server(app: Any, options: ServeOptions | None = None, *,
     options = options or _options_of(app)
     sock = _listen(options.host, options.port)
     url = f"http://{options.host}:{sock.getsockname()[1]}"
-    if announce is not None:
-        announce(url)
+    server = _server(app, options)
     received: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
+        # before uvicorn's own handlers are in (its serve() installs them) a signal must still stop the server;
+        # after, uvicorn re-raises the signals it caught once it is done, and they land here only to be noted
         received.append(signum)
+        server.should_exit = True
 
+    # the handlers go in before the URL is announced: a client (or a supervisor) may signal as soon as it reads it
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _server(app, options).run(sockets=[sock])
+        if announce is not None:
+            announce(url)
+        server.run(sockets=[sock])
     finally:
         sock.close()
         for sig, handler in previous.items():

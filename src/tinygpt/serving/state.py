@@ -159,12 +159,26 @@ class ServerState:
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
+        self._check_capacity()
         self._pools()
         self.max_prompt_chars, self._prompt_chars_note = self._prompt_char_limit()
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
 
     # ------------------------------------------------------------------------------------------ lifespan
+    def _check_capacity(self) -> None:
+        """Refuse settings no request could be served with: the cache must hold one row of a whole context plus
+        its draft tokens (a row may reach the context, and drafts are written before they are verified)."""
+        o = self.options
+        drafts = o.speculative_tokens if self.speculative != "off" else 0
+        cache = o.cache_tokens if o.cache_tokens is not None else o.max_batch * self.context
+        if cache < self.context + drafts:
+            given = f"--cache-tokens {o.cache_tokens}" if o.cache_tokens is not None else (
+                f"the default cache (--max-batch {o.max_batch} x the context)")
+            parts = f"the model's context of {self.context}" + (f" + --speculative-tokens {drafts}" if drafts else "")
+            raise ValueError(f"{given} holds {cache} positions, but one row may need {self.context + drafts} "
+                             f"({parts}): raise --cache-tokens" + (" or lower --speculative-tokens" if drafts else ""))
+
     def _pools(self) -> None:
         self.parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tinygpt-parse")
         self.utility_pool = ThreadPoolExecutor(UTILITY_THREADS, thread_name_prefix="tinygpt-utility")
