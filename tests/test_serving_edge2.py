@@ -268,3 +268,30 @@ def test_inspections_get_at_most_the_time_the_rows_get(model):
     jobs = [i for i, kind in enumerate(order) if kind == "job"]
     assert len(jobs) == 10
     assert all(b - a > 1 for a, b in zip(jobs, jobs[1:]) if b < len(order) - 1 and "step" in order[b:])
+
+
+# --------------------------------------------------------------------- E13: the shared prefix cache
+def test_a_cache_salt_keeps_a_prefix_to_the_clients_that_share_the_salt(model):
+    """E13: the prefix cache was shared and observable across clients (a fast first token said another client
+    had sent the same prefix). ``cache_salt`` (vLLM's) keeps cached prefixes among requests with the same salt;
+    greedy answers are the same either way."""
+    prompt = tokenizer().decode(tokenizer().encode(PROMPT * 10)[:64])
+    with live_server(model) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        blocks = engine_of(server).core.blocks
+
+        def send(**fields):
+            before = blocks.hits
+            answer = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                                        **fields})
+            assert answer.status_code == 200, answer.text
+            return blocks.hits - before, answer.json()["choices"][0]["text"]
+
+        first = send(cache_salt="tenant-a")
+        assert first[0] == 0
+        assert send(cache_salt="tenant-b")[0] == 0  # another tenant: nothing of a's is reused
+        assert send()[0] == 0  # nor by a request without a salt
+        again = send(cache_salt="tenant-a")
+        assert again[0] > 0 and again[1] == first[1]  # the same tenant reuses its own prefix
+        assert send()[0] > 0  # unsalted requests share among themselves, as before
+        bad = http.post("/v1/completions", json={"prompt": prompt, "cache_salt": ""})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"

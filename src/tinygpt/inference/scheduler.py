@@ -97,7 +97,7 @@ class Scheduler:
         while self.waiting and budget >= 1 and len(self.running) < self.max_rows:
             row = self.waiting[0]
             limit = row.first_logit if row.reuse else 0
-            got = self.blocks.allocate(row.window, row.window_length, limit, prefix_root(row.adapter))
+            got = self.blocks.allocate(row.window, row.window_length, limit, prefix_root(row.adapter, row.cache_salt))
             if got is None:
                 break
             self.waiting.popleft()

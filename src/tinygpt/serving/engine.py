@@ -105,6 +105,7 @@ class EngineRequest:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter: int = -1
+    cache_salt: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -341,7 +342,8 @@ class BatchEngine:
         try:
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
-                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter,
+                      cache_salt=req.cache_salt)
             live = _Live(req, row, self.tokenizer)
             if req.prompt_logprobs:  # the row joins the core once its prompt is scored (``_score``)
                 key = (tuple(req.prompt), req.adapter, req.logprobs or 0)

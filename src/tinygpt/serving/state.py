@@ -380,7 +380,7 @@ class ServerState:
                     overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
-                    adapter=adapter))
+                    adapter=adapter, cache_salt=sampling.cache_salt))
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:
