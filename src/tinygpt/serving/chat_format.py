@@ -64,6 +64,21 @@ def encode_chat(tokenizer: TextCodec, text: str) -> list[int]:
     return list(ids)
 
 
+def prompt_char_limit(tokenizer: TextCodec, context: int, vocab: int, max_body_bytes: int) -> tuple[int, str]:
+    """(the longest rendered chat prompt worth tokenizing, why): no token is longer than the tokenizer's longest
+    (L bytes), so a text of more than context x L bytes has more tokens than the context holds; and no prompt may be
+    longer than a request body (--max-body-bytes). ``vocab``: the ids that have a text."""
+    limit, note = max_body_bytes, " (--max-body-bytes)"
+    get = getattr(tokenizer, "token_bytes", None)
+    if get is not None:
+        longest = max(len(get(t)) for t in range(vocab))
+        if context * longest < limit:
+            limit = context * longest
+            note = f" (a longer prompt has more than the context's {context} tokens: no token is longer than " \
+                   f"{longest} bytes)"
+    return limit, note
+
+
 def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
     """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model (the default ``RenderLimits``)."""
     text, stops = chat_text(tokenizer, messages)

@@ -26,7 +26,7 @@ from ..generation import GenerationConfig
 from ..inference.speculative import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
-from .chat_format import chat_text, encode_chat
+from .chat_format import chat_text, encode_chat, prompt_char_limit
 from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .options import ServeOptions
 from .protocol import APIError, Sampling, bad, parse_json
@@ -161,7 +161,8 @@ class ServerState:
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
         self._check_capacity()
         self._pools()
-        self.max_prompt_chars, self._prompt_chars_note = self._prompt_char_limit()
+        self.max_prompt_chars, self._prompt_chars_note = prompt_char_limit(
+            tokenizer, self.context, self.text_vocab, options.max_body_bytes)
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
 
@@ -182,10 +183,11 @@ class ServerState:
     def _pools(self) -> None:
         self.parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tinygpt-parse")
         self.utility_pool = ThreadPoolExecutor(UTILITY_THREADS, thread_name_prefix="tinygpt-utility")
+        self._pools_open = True
 
     def start(self) -> None:
         o = self.options
-        if self.parse_pool._shutdown:  # started again after a stop
+        if not self._pools_open:  # started again after a stop
             self._pools()
         self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
@@ -215,6 +217,7 @@ class ServerState:
             engine.shutdown()
         for pool in (self.parse_pool, self.utility_pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        self._pools_open = False
 
     def abort_all(self, message: str = "the server shut down before the request finished") -> int:
         """End every request in flight with an error (streams: an error event and ``[DONE]``); returns how many."""
@@ -293,20 +296,6 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.utility_pool, fn)
 
     # ------------------------------------------------------------------------------------------ chat prompts
-    def _prompt_char_limit(self) -> tuple[int, str]:
-        """The longest rendered chat prompt worth tokenizing: no token is longer than the tokenizer's longest
-        (L bytes), so a text of more than context x L bytes has more tokens than the context holds; and no prompt
-        longer than a request body may be (--max-body-bytes)."""
-        limit, note = self.options.max_body_bytes, " (--max-body-bytes)"
-        get = getattr(self.tokenizer, "token_bytes", None)
-        if get is not None:
-            longest = max(len(get(t)) for t in range(self.text_vocab))
-            if self.context * longest < limit:
-                limit = self.context * longest
-                note = (f" (a longer prompt has more than the context's {self.context} tokens: no token is longer "
-                        f"than {longest} bytes)")
-        return limit, note
-
     async def chat_prompt(self, request: Request, messages: list[tuple[str, str]]
                           ) -> tuple[list[int], tuple[str, ...]] | None:
         """(prompt ids, stop texts) of a conversation through the model's chat template, rendered off the loop
