@@ -164,15 +164,21 @@ async def completions(request: Request) -> Response:
     if answer is None:
         return _gone()
     texts, tokens, reasons, usage = answer
-    out = []
-    for index, text in enumerate(texts):
-        prefix = prompt_texts[index // n] if req.echo else ""
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs = _completion_logprobs(state, tokens[index], 0)
-        out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
-    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": served,
-                         "choices": out, "usage": _usage(state, n_prompt, usage)})
+
+    def body() -> bytes:  # with logprobs it grows with n x the prompt: built off the event loop
+        out = []
+        for index, text in enumerate(texts):
+            prefix = prompt_texts[index // n] if req.echo else ""
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = _completion_logprobs(state, tokens[index], 0)
+            out.append({"index": index, "text": prefix + text, "logprobs": logprobs,
+                        "finish_reason": reasons[index]})
+        return json.dumps({"id": rid, "object": "text_completion", "created": now, "model": served,
+                           "choices": out, "usage": _usage(state, n_prompt, usage)}).encode()
+
+    return Response(body() if req.logprobs is None else await asyncio.to_thread(body),
+                    media_type="application/json")
 
 
 # ------------------------------------------------------------------------------------- /v1/chat/completions
@@ -339,10 +345,10 @@ async def inspect(request: Request) -> Response:
         if req.layer >= state.n_layers:
             raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
                                f"{req.layer}")
-        result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
-                                                              top=req.top, logit_lens=req.logit_lens,
-                                                              adapter=adapter))
-        body = await asyncio.to_thread(lambda: json.dumps(result).encode())
+        # the answer's JSON is built on the engine's thread too: its time counts in the inspection's share
+        body = await state.run_inspect(lambda: json.dumps(inspect_text(
+            state.model, state.tokenizer, ids, layer=req.layer, top=req.top, logit_lens=req.logit_lens,
+            adapter=adapter)).encode())
     except BaseException:
         await place.__aexit__(None, None, None)
         raise

@@ -33,7 +33,8 @@ from .protocol import APIError, Sampling, bad, parse_json
 
 INLINE_JSON_BYTES = 16384  # a body this small is parsed on the event loop (well under a millisecond)
 PARSE_THREADS = 2  # larger bodies: parsed on their own threads, never queued behind /tokenize's work
-UTILITY_THREADS = 4  # /tokenize and /detokenize: their own threads, so they never delay a generation request
+UTILITY_THREADS = 1  # /tokenize and /detokenize: their own thread, so they never delay a generation request (one:
+# tokenizing is Python work under the GIL, so more threads add no speed, only contention with the engine's thread)
 
 RETRY_AFTER_SECONDS = 1
 
