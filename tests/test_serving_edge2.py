@@ -104,25 +104,34 @@ def test_a_template_that_fails_otherwise_is_a_400_not_a_500(model):
 # --------------------------------------------------------------------- E2: prompt log-probabilities at admission
 def test_prompt_logprobs_go_through_the_token_budget_between_decode_steps(model):
     """E2: echo + logprobs rows ran a whole-prompt forward each at admission, before the next decode step (4 x
-    1,025-token prompts x n 16 froze a stream for 212 s). Now a prompt is scored once for its n rows, in chunks of
-    at most the token budget, with the running rows' decode steps between the chunks."""
-    from tinygpt.serving.engine import BatchEngine, EngineRequest, PromptLogprobs
+    1,025-token prompts x n 16 froze a stream for 212 s). Now a prompt is scored in forwards of at most the token
+    budget, with the running rows' decode steps between them (the redesign's scoring rows, issue 35)."""
+    import torch
+
     from tinygpt.generation import GenerationConfig
+    from tinygpt.serving.engine import EngineRequest, EngineThread, PromptLogprobs
 
     from serving_support import Collector
 
     budget = 16
-    engine = BatchEngine(model, tokenizer(), max_batch=8, max_queue=64, token_budget=budget)
-    forwards: list[tuple[str, int]] = []  # ("score" | "core", tokens) of each forward, in order
-    hook = model.register_forward_pre_hook(
-        lambda module, args, kwargs: forwards.append(("score" if isinstance(kwargs.get("pos"), int) else "core",
-                                                      args[0].shape[1])), with_kwargs=True)
+    engine = EngineThread(model, tokenizer(), max_batch=8, max_queue=64, token_budget=budget)
+    forwards: list[int] = []  # tokens of each forward
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(args[0].shape[1]))
+    stream = Collector()
+    progress: list[int] = []  # the stream's events when each prompt's log-probabilities arrived
+
+    class Scored(Collector):
+        def __call__(self, event):
+            if isinstance(event, PromptLogprobs):
+                progress.append(len(stream.events))
+            super().__call__(event)
+
     try:
-        stream = Collector()
         engine.submit([EngineRequest(tokenizer().encode("The"), GenerationConfig(max_new_tokens=100), stream)])
         wait_until(lambda: len(stream.events) >= 2)
         prompt = tokenizer().encode(PROMPT * 20)[:100]
-        sinks = [Collector() for _ in range(4)]
+        sinks = [Scored() for _ in range(4)]
+        submitted = len(stream.events)
         engine.submit([EngineRequest(prompt, GenerationConfig(max_new_tokens=2), sink, logprobs=0,
                                      prompt_logprobs=True) for sink in sinks])
         for sink in sinks:
@@ -132,13 +141,8 @@ def test_prompt_logprobs_go_through_the_token_budget_between_decode_steps(model)
     finally:
         hook.remove()
         engine.shutdown()
-    assert max(tokens for _, tokens in forwards) <= budget
-    scoring = [i for i, (kind, _) in enumerate(forwards) if kind == "score"]
-    assert len(scoring) == -(-len(prompt) // budget)  # once for the four rows
-    assert all(b - a > 1 for a, b in zip(scoring, scoring[1:]))  # a decode step between every two chunks
-    # the chunked scores equal one whole-prompt forward's
-    import torch
-
+    assert max(forwards) <= budget
+    assert min(progress) > submitted + 1  # the stream went on decoding while the prompts were scored
     with torch.no_grad():
         ref = model(torch.tensor([prompt]))[0].log_softmax(-1)
     got = sinks[0].events[0].tokens
@@ -243,11 +247,11 @@ def test_inspections_get_at_most_the_time_the_rows_get(model):
     /inspect clients cut 32 streams' completed requests from 1,633 to 190 in 120 s. Now a job runs only once the
     rows have had as much time as the last job took."""
     from tinygpt.generation import GenerationConfig
-    from tinygpt.serving.engine import BatchEngine, EngineRequest
+    from tinygpt.serving.engine import EngineRequest, EngineThread
 
     from serving_support import Collector
 
-    engine = BatchEngine(model, tokenizer(), max_batch=4)
+    engine = EngineThread(model, tokenizer(), max_batch=4)
     order: list[str] = []
     hook = model.register_forward_pre_hook(
         lambda module, args, kwargs: order.append("step") if kwargs.get("cache") is not None else None,

@@ -8,10 +8,6 @@ tokens into events (``Step``, ``Finish``) and its text into final pieces (``text
 UTF-8 character, no partial stop text; a stop text or the end-of-text token ends the row with
 ``finish_reason="stop"``, ``max_tokens`` with ``"length"``).
 
-Prompt log-probabilities (``echo`` with ``logprobs``) are computed like any other forward: in chunks of at most the
-token budget, one chunk between two engine steps, through a small cache of their own (``_Scoring``), and once for
-rows that share a prompt (``n`` choices); the rows join the core when their prompt is scored.
-
 Sampling is per row (its own settings, generator and seen-set), so a greedy row's tokens equal ``generate`` on its
 prompt alone and a seeded sampled row repeats whatever else is in the batch. A row that fails (its sampling, its
 settings, its sink) finishes alone with reason "error"; the others carry on and every request gets a ``Finish``.
@@ -20,13 +16,12 @@ settings, its sink) finishes alone with reason "error"; the others carry on and 
 from __future__ import annotations
 
 import collections
-import contextlib
 import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -35,8 +30,6 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
-from ..inference.kv_cache import KVCache
-from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
 DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
@@ -44,11 +37,11 @@ DEFAULT_CHUNK_PER_DECODE = 8  # while rows decode, prompt tokens per step per de
 
 
 class QueueFull(Exception):
-    """Raised by ``BatchEngine.submit`` when the waiting queue cannot take the request's rows."""
+    """Raised by ``EngineThread.submit`` when the waiting queue cannot take the request's rows."""
 
 
 class EngineStopped(Exception):
-    """Raised by ``BatchEngine.submit`` once the engine is shutting down."""
+    """Raised by ``EngineThread.submit`` once the engine is shutting down."""
 
 
 @dataclass
@@ -120,55 +113,28 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
-def _adapter(model: nn.Module, adapter: int) -> ContextManager[None]:
-    """A whole forward [1, T] of one row with ``adapter`` (-1: the base)."""
-    return contextlib.nullcontext() if adapter < 0 else use_adapters(model, [adapter])
-
-
 class _Live:
-    """A request on the engine: its core row and its text."""
+    """A request on the engine: its core row and its text. With ``prompt_logprobs`` the prompt is first a scoring
+    row of the core (``scoring``: scheduled under the token budget like any row, its logits gathered step by step);
+    the generation row joins the core once the prompt's log-probabilities are out."""
 
     def __init__(self, req: EngineRequest, row: Row, tokenizer: TextCodec) -> None:
         self.req, self.row = req, row
+        self.scoring: Row | None = None
+        self.prompt_logits: list[torch.Tensor] = []  # the scoring row's logits so far, [m, V] each
         self.text = TextStreamer(tokenizer, req.stop_texts)
         self.count = 0  # tokens delivered (the end-of-text one included)
         self.done = False
 
-
-class _Scoring:
-    """The prompt log-probabilities of one prompt (with one adapter and one ``top``), for every row that asked:
-    fed in chunks through a KV cache, position t scoring token t + 1 (a C + 1-token prompt feeds its first C, as
-    lm-eval's HF class scores a window). ``tokens``: what is scored so far."""
-
-    def __init__(self, prompt: list[int], adapter: int, top: int, context: int) -> None:
-        self.prompt, self.adapter, self.top = prompt, adapter, top
-        self.fed = prompt[:context]
-        self.tokens = [TokenInfo(prompt[0], None, [])]
-        self.cache: KVCache | None = None
-        self.waiting: list[_Live] = []
-
-    def chunk(self, model: nn.Module, budget: int) -> bool:
-        """Score the next ``budget`` positions; True once the prompt is done."""
-        param = next(model.parameters())
-        if self.cache is None:
-            self.cache = KVCache(model.config, 1, dtype=param.dtype, device=param.device, max_length=len(self.fed))
-        start = len(self.tokens) - 1
-        end = min(len(self.fed), start + budget)
-        ids = torch.tensor([self.fed[start:end]], device=param.device)  # [1, T]
-        with _adapter(model, self.adapter):
-            logprobs = model(ids, cache=self.cache, pos=start)[0].float().log_softmax(-1)  # [T, V]
-        for t in range(start, min(end, len(self.prompt) - 1)):
-            token = self.prompt[t + 1]
-            self.tokens.append(TokenInfo(token, float(logprobs[t - start, token]), _top(logprobs[t - start],
-                                                                                          self.top)))
-        if end == len(self.fed):
-            self.cache = None
-            return True
-        return False
+    @property
+    def current(self) -> Row:
+        """The request's row in the core now."""
+        return self.row if self.scoring is None else self.scoring
 
 
-class BatchEngine:
-    """A thread that runs the inference core; ``submit`` is thread-safe and events reach each request's ``sink``.
+class EngineThread:
+    """The server's thread and request adapter over the one inference core (``inference.engine.InferenceEngine``):
+    a thread that steps the core; ``submit`` is thread-safe and events reach each request's ``sink``.
 
     ``max_batch`` rows decode together; ``max_queue`` bounds the rows that wait for a place (beyond it ``submit``
     raises ``QueueFull``). ``token_budget``: tokens per forward (decodes first, then chunks of prompts).
@@ -203,7 +169,6 @@ class BatchEngine:
             collections.deque())
         self._live: dict[int, _Live] = {}
         self._job_debt = 0.0  # seconds the rows are owed for the last job's time (``_loop``)
-        self._scoring: dict[tuple[Any, ...], _Scoring] = {}  # prompts being scored, first come first served
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tinygpt-engine", daemon=True)
@@ -248,7 +213,7 @@ class BatchEngine:
             return self._load()
 
     def _load(self) -> dict[str, int]:
-        running = sum(1 for live in list(self._live.values()) if live.row in self.core.scheduler.running)
+        running = sum(1 for live in list(self._live.values()) if live.current in self.core.scheduler.running)
         return {"running": running, "waiting": len(self._live) - running + len(self._inbox)}
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -272,7 +237,7 @@ class BatchEngine:
                     break
                 # a job (an /inspect) runs when the rows have had as much time since the last one as it took:
                 # with rows decoding, jobs get at most half the engine, however many wait
-                busy = self.core.has_work or bool(self._scoring)
+                busy = self.core.has_work
                 job = self._jobs.popleft() if self._jobs and (self._job_debt <= 0 or not busy) else None
             try:
                 with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
@@ -284,18 +249,15 @@ class BatchEngine:
                     for req in newcomers:
                         self._add(req)
                     self._drop_cancelled()
-                    start = time.monotonic()
-                    if self._scoring:
-                        self._score()
                     if self.core.has_work:
+                        start = time.monotonic()
                         self._step()
-                    self._job_debt = max(0.0, self._job_debt - (time.monotonic() - start))
+                        self._job_debt = max(0.0, self._job_debt - (time.monotonic() - start))
             except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
                 traceback.print_exc(file=sys.stderr)
                 for live in list(self._live.values()):
                     self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
                 self.core = InferenceEngine(self.model, **self._options)
-                self._scoring.clear()
         for live in list(self._live.values()):
             self._finish(live, Finish("cancelled", message="the server shut down"))
         for req in newcomers:
@@ -328,8 +290,8 @@ class BatchEngine:
         if live.done:
             return
         live.done = True
-        self._live.pop(live.row.id, None)
-        self.core.cancel(live.row)
+        self._live.pop(live.current.id, None)
+        self.core.cancel(live.current)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
         event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
         self._emit(live.req, event)
@@ -345,44 +307,42 @@ class BatchEngine:
                       want_logits=req.logprobs is not None, tag=req, adapter=req.adapter,
                       cache_salt=req.cache_salt)
             live = _Live(req, row, self.tokenizer)
-            if req.prompt_logprobs:  # the row joins the core once its prompt is scored (``_score``)
-                key = (tuple(req.prompt), req.adapter, req.logprobs or 0)
-                if key not in self._scoring:
-                    self._scoring[key] = _Scoring(req.prompt, req.adapter, req.logprobs or 0,
-                                                  self.model.config.context_length)
-                self._scoring[key].waiting.append(live)
+            if req.prompt_logprobs and len(req.prompt) > 1:
+                # position t predicts token t + 1: the scoring row feeds the first P - 1 tokens (a C + 1-token
+                # prompt is scored as lm-eval's HF class scores it, the model reading C tokens)
+                live.scoring = Row(list(req.prompt), None, scored=len(req.prompt) - 1, want_logits=True, tag=req,
+                                   adapter=req.adapter, cache_salt=req.cache_salt)
+                self.core.add(live.scoring)
             else:
+                if req.prompt_logprobs and not self._emit(req, PromptLogprobs([TokenInfo(req.prompt[0])])):
+                    raise RuntimeError("the request's sink failed")
                 self.core.add(row)
         except Exception as err:
             self._emit(req, Finish("error", message=f"{type(err).__name__}: {err}", prompt_tokens=len(req.prompt)))
             return
-        self._live[row.id] = live
+        self._live[live.current.id] = live
 
-    def _score(self) -> None:
-        """One chunk of the first prompt being scored (at most the token budget, as any engine forward); when it
-        is done, each row that asked gets its ``PromptLogprobs`` and joins the core."""
-        key, job = next(iter(self._scoring.items()))
-        job.waiting = [live for live in job.waiting if not live.done]
-        if not job.waiting:
-            del self._scoring[key]
+    def _scored(self, live: _Live, logits: torch.Tensor | None) -> None:
+        """A step of the request's scoring row; once it is done, each prompt token's log-probability given the
+        tokens before it (the first has none) goes out, and the generation row joins the core."""
+        scoring = live.scoring
+        if logits is not None:
+            live.prompt_logits.append(logits)
+        if scoring.finish_reason == "error":
+            self._finish(live, Finish("error", message=scoring.error))
             return
-        try:
-            done = job.chunk(self.model, self._options["token_budget"])
-        except Exception as err:
-            del self._scoring[key]
-            for live in job.waiting:
-                self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
+        if not scoring.finished:
             return
-        if done:
-            del self._scoring[key]
-            for live in job.waiting:
-                if not self._emit(live.req, PromptLogprobs(job.tokens)):
-                    self._finish(live, Finish("error", message="the request's sink failed"))
-                    continue
-                try:
-                    self.core.add(live.row)
-                except Exception as err:
-                    self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
+        logprobs = torch.cat(live.prompt_logits).float().log_softmax(-1)  # [P - 1, V]
+        prompt, top = live.req.prompt, live.req.logprobs or 0
+        tokens = [TokenInfo(prompt[0])] + [TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]),
+                                                      _top(logprobs[t - 1], top)) for t in range(1, len(prompt))]
+        self._live.pop(scoring.id, None)
+        live.scoring, live.prompt_logits = None, []
+        self._live[live.row.id] = live
+        if not self._emit(live.req, PromptLogprobs(tokens)):
+            raise RuntimeError("the request's sink failed")
+        self.core.add(live.row)
 
     def _drop_cancelled(self) -> None:
         for live in list(self._live.values()):
@@ -396,7 +356,10 @@ class BatchEngine:
             if live is None:
                 continue
             try:
-                self._deliver(live, out.tokens, out.logits)
+                if out.row is live.scoring:
+                    self._scored(live, out.logits)
+                else:
+                    self._deliver(live, out.tokens, out.logits)
             except Exception as err:
                 traceback.print_exc(file=sys.stderr)
                 self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
@@ -425,3 +388,6 @@ class BatchEngine:
             self._finish(live, Finish("stop", live.text.finish()))
         elif row.finish_reason == "length":
             self._finish(live, Finish("length", live.text.finish()))
+
+
+BatchEngine = EngineThread  # the name before the redesign (#35), for imports written against it

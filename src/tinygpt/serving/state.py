@@ -23,11 +23,11 @@ from torch import nn
 
 from ..chat_template import RenderLimits
 from ..generation import GenerationConfig
-from ..inference.speculative import check_draft_model
+from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
 from .chat_format import chat_text, encode_chat, prompt_char_limit
-from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .options import ServeOptions
 from .protocol import APIError, Sampling, bad, parse_json
 
@@ -156,7 +156,7 @@ class ServerState:
         self.n_layers = len(model.trf_blocks)
         self.eos_id = getattr(tokenizer, "eot_id", None)
         self.created = int(time.time())
-        self.engine: BatchEngine | None = None
+        self.engine: EngineThread | None = None
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
@@ -190,7 +190,7 @@ class ServerState:
         o = self.options
         if not self._pools_open:  # started again after a stop
             self._pools()
-        self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
+        self.engine = EngineThread(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
                                   speculative_tokens=o.speculative_tokens if self.speculative != "off" else 0,
@@ -226,7 +226,7 @@ class ServerState:
             choices.abort(message)
         return len(self.open)
 
-    def running_engine(self) -> BatchEngine:
+    def running_engine(self) -> EngineThread:
         if self.engine is None:
             raise APIError(503, "the server is not running (starting or shutting down)")
         return self.engine
