@@ -42,6 +42,9 @@ def model_dir(tmp_path):
     (["--speculative", "lookup", "--speculative-tokens", "100000"],
      "the default cache (--max-batch 8 x the context) holds 512 positions, but one row may need 100064 (the model's "
      "context of 64 + --speculative-tokens 100000): raise --cache-tokens or lower --speculative-tokens"),
+    (["--weights", "int8", "--adapter", "a=x"], "--weights int8 cannot serve --adapter: LoRA adapters attach to "
+                                                "float32 linears (merge the adapter into the model with tinygpt "
+                                                "merge, then serve that with --weights)"),
 ])
 def test_bad_flags_are_one_line_errors(model_dir, capsys, flags, message):
     assert main(["serve", "--model", str(model_dir), *flags]) == 2
