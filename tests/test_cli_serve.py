@@ -115,3 +115,25 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"vocab_size={tokenizer().vocab_size + 5} differs from the target's " \
         f"vocab_size={tokenizer().vocab_size}" in err, err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "0"], "--replicas 0 must be"),
+    (["--autoscale", "3:1"], "--autoscale 3:1 must be MIN:MAX"),
+    (["--autoscale", "two"], "--autoscale two must be MIN:MAX"),
+    (["--replicas", "2", "--autoscale", "1:2"], "conflicts with --replicas"),
+    (["--replicas", "2", "--max-connections", "10"], "--max-connections is a setting of tinygpt's own HTTP server"),
+    (["--replica-threads", "0"], "--replica-threads 0 must be"),
+])
+def test_bad_replica_flags_are_one_line_errors(model_dir, capsys, flags, message):
+    """Checked before Ray is imported or a model loaded."""
+    assert main(["serve", "--model", str(model_dir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tinygpt serve: error: ") and message in err, err
+
+
+def test_replicas_without_ray_say_what_to_install(model_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray.serve", None)  # `import ray.serve` raises ImportError
+    assert main(["serve", "--model", str(model_dir), "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need the cluster extra: pip install -e '.[cluster]'" in err, err

@@ -201,8 +201,22 @@ def run_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
     serve.start(http_options=HTTPOptions(host=options.host, port=options.port,
                                          keep_alive_timeout_s=options.keep_alive_timeout))
     app = replica_deployment(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/")
+    except RuntimeError as err:  # a replica's constructor failed (no such model, no tokenizer): the deployment's
+        # status holds the replica's traceback, whose last line is its error
+        raise ValueError(f"the replicas did not start: {_deploy_error() or err}") from None
     return f"http://{options.host}:{options.port}"
+
+
+def _deploy_error() -> str | None:
+    """The last line of the failed deployment's message (the replica's exception), if Serve has one."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments[APP_NAME].message
+    except (KeyError, AttributeError, RuntimeError):
+        return None
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 def serve_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
@@ -217,9 +231,11 @@ def serve_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, 
         received.append(signum)
         stop.set()
 
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, Any] = {}
     try:
         url = run_replicas(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+        # after ray.init, which installs its own SIGTERM handler (it aborts the process)
+        previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
         if announce is not None:
             announce(url)
         while not stop.wait(1.0):
