@@ -53,8 +53,6 @@ def _replica_pids() -> set[int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from ray import serve
-
     from tinygpt.serving import replicas
 
     model = tiny_model(context_length=CONTEXT)
@@ -67,10 +65,7 @@ def cluster(tmp_path_factory):
     try:
         yield url, model
     finally:
-        import ray
-
-        serve.shutdown()
-        ray.shutdown()
+        replicas.shutdown()
 
 
 def _complete(url: str, prompt: str, max_tokens: int) -> httpx.Response:

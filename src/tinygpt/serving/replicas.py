@@ -31,6 +31,7 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, HTTPOptions
 
 from .options import ServeOptions
+from .server import _listen
 from .replica_options import RAY_ADDRESS_ENV, ReplicaOptions
 
 APP_NAME = "tinygpt"
@@ -181,6 +182,18 @@ def replica_deployment(model: str, options: ServeOptions | None = None, replicas
                            torch_threads=replicas.replica_threads)
 
 
+def local_source(model: str) -> str:
+    """``model`` as a path every replica on this machine can read: a local folder or file as it is, a hub name
+    fetched once here (``interop.hf.resolve_hf_source``; a ``ValueError`` for neither, before Ray starts)."""
+    from pathlib import Path
+
+    if Path(model).exists():
+        return model
+    from ..interop.hf import resolve_hf_source
+
+    return str(resolve_hf_source(model))
+
+
 def start_ray(address: str | None = None) -> None:
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``), or start a local one on this machine."""
     if ray.is_initialized():
@@ -197,6 +210,9 @@ def run_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
                  device: str | None = None, dtype: str = "auto") -> str:
     """Start Ray Serve's proxy on ``options.host:options.port`` and the deployment behind it at ``/``; returns the
     URL once every replica is up (``serve.run`` waits)."""
+    model = local_source(model)
+    if replicas.ray_address is None and RAY_ADDRESS_ENV not in os.environ:
+        _listen(options.host, options.port).close()  # an address in use: one line now, not a dead proxy later
     start_ray(replicas.ray_address)
     serve.start(http_options=HTTPOptions(host=options.host, port=options.port,
                                          keep_alive_timeout_s=options.keep_alive_timeout))
@@ -243,7 +259,13 @@ def serve_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if ray.is_initialized():
-            serve.shutdown()  # each replica's lifespan stops its engine (in-flight rows end "cancelled")
-            ray.shutdown()
+        shutdown()
     return received
+
+
+def shutdown() -> None:
+    """Stop Serve (each replica's lifespan stops its engine: in-flight rows end "cancelled") and leave the cluster
+    (a local one started by ``start_ray`` stops with it)."""
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
