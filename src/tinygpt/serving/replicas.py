@@ -182,6 +182,25 @@ def replica_deployment(model: str, options: ServeOptions | None = None, replicas
                            torch_threads=replicas.replica_threads)
 
 
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """An application builder for Ray Serve's config files (``import_path: tinygpt.serving.replicas:build_app``, as
+    a KubeRay ``RayService``'s ``serveConfigV2`` names it) and ``serve run tinygpt.serving.replicas:build_app
+    model=gpt2``: ``args`` holds ``model`` and any of ``tokenizer_dir``, ``device``, ``dtype``, ``replicas``,
+    ``autoscale`` (``"MIN:MAX"``), ``replica_threads`` and ``ServeOptions``' fields, as the flags' values."""
+    args = dict(args)
+    if "model" not in args:
+        raise ValueError("build_app needs args.model: a checkpoint folder, a Hugging Face folder or a hub name")
+    model = str(args.pop("model"))
+    loading = {key: args.pop(key) for key in ("tokenizer_dir", "device", "dtype") if key in args}
+    replica_fields = {key: args.pop(key) for key in ("replicas", "autoscale", "replica_threads") if key in args}
+    if "replicas" in replica_fields:
+        replica_fields["replicas"] = int(replica_fields["replicas"])
+    if "replica_threads" in replica_fields:
+        replica_fields["replica_threads"] = int(replica_fields["replica_threads"])
+    replicas = ReplicaOptions(**replica_fields)
+    return replica_deployment(model, ServeOptions(**args), replicas if replicas.enabled else None, **loading)
+
+
 def local_source(model: str) -> str:
     """``model`` as a path every replica on this machine can read: a local folder or file as it is, a hub name
     fetched once here (``interop.hf.resolve_hf_source``; a ``ValueError`` for neither, before Ray starts)."""
