@@ -146,9 +146,12 @@ def proxy_middlewares() -> list[Any]:
     return [Middleware(EndLostResponses)]
 
 
-def deployment_options(options: ServeOptions, replicas: ReplicaOptions) -> dict[str, Any]:
+def deployment_options(options: ServeOptions, replicas: ReplicaOptions, device: str | None = None
+                       ) -> dict[str, Any]:
     """``serve.deployment`` settings for these flags: the count or the autoscaling range, one request per queue
-    place (Ray's default of 5 in flight per replica would cap the engine's batch), the shutdown timeout."""
+    place (Ray's default of 5 in flight per replica would cap the engine's batch), the shutdown timeout, and the
+    resources of a replica: ``replica_threads`` CPUs, and a GPU when ``device`` is CUDA (Ray hides the GPUs from an
+    actor that asked for none)."""
     settings: dict[str, Any] = {
         "name": APP_NAME,
         # Past max_batch + max_queue the engine answers 429 itself; Ray holds back only what could never be admitted.
@@ -156,7 +159,7 @@ def deployment_options(options: ServeOptions, replicas: ReplicaOptions) -> dict[
         "graceful_shutdown_timeout_s": options.shutdown_timeout,
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
-        "ray_actor_options": {"num_cpus": replicas.replica_threads},
+        "ray_actor_options": {"num_cpus": replicas.replica_threads, "num_gpus": 1 if _wants_gpu(device) else 0},
     }
     bounds = replicas.bounds
     if bounds is None:
@@ -168,6 +171,14 @@ def deployment_options(options: ServeOptions, replicas: ReplicaOptions) -> dict[
     return settings
 
 
+def _wants_gpu(device: str | None) -> bool:
+    if device in (None, "auto"):  # as resolve_device decides it, on the machine that starts the deployment
+        import torch
+
+        return torch.cuda.is_available()
+    return str(device).startswith("cuda")
+
+
 def replica_deployment(model: str, options: ServeOptions | None = None, replicas: ReplicaOptions | None = None, *,
                        tokenizer_dir: str | None = None, device: str | None = None,
                        dtype: str = "auto") -> serve.Application:
@@ -176,7 +187,7 @@ def replica_deployment(model: str, options: ServeOptions | None = None, replicas
     ``TinyGPTReplica``)."""
     options = options if options is not None else ServeOptions()
     replicas = replicas if replicas is not None else ReplicaOptions(replicas=1)
-    deployment = serve.deployment(TinyGPTReplica, **deployment_options(options, replicas))
+    deployment = serve.deployment(TinyGPTReplica, **deployment_options(options, replicas, device))
     fields = {k: v for k, v in asdict(options).items()}
     return deployment.bind(model, fields, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
                            torch_threads=replicas.replica_threads)
