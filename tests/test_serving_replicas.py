@@ -149,13 +149,25 @@ def test_a_killed_replica_ends_its_requests_with_an_error_and_comes_back(cluster
     for t in threads:
         t.start()
     first.wait()  # every stream has its first event: each is running on a replica
+    answers: dict[int, httpx.Response | str] = {}
+
+    def ask(i: int) -> None:  # non-streaming requests alongside, wherever Ray sends them
+        try:
+            answers[i] = _complete(url, PROMPTS[i], LONG_TOKENS)
+        except httpx.HTTPError as err:
+            answers[i] = f"{type(err).__name__}: {err}"
+
+    plain = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in plain:
+        t.start()
+    time.sleep(0.2)
     victim = max(before, key=lambda pid: sum(str(r.get("replica", "")).startswith(f"{pid}@") for r in results))
     os.kill(victim, signal.SIGSTOP)  # frozen mid-generation: its streams cannot finish before the kill
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    for t in threads:
+    for t in threads + plain:
         t.join(WAIT_S)
-    assert not any(t.is_alive() for t in threads), "a request hung"
+    assert not any(t.is_alive() for t in threads + plain), "a request hung"
 
     table = [(i, str(r.get("replica", "")).split("@")[0], _outcome(r), len(r["lines"])) for i, r in
              enumerate(results)]
@@ -164,6 +176,10 @@ def test_a_killed_replica_ends_its_requests_with_an_error_and_comes_back(cluster
     assert on_victim and all(row[2] == "error event + [DONE]" for row in on_victim), table
     assert all(row[2] == "complete" for row in table if row[1] != str(victim)), table
     assert all(r["status"] == 200 for r in results)
+    got = {i: a if isinstance(a, str) else (a.status_code, a.json().get("error", {}).get("code")) for i, a in
+           answers.items()}
+    print("non-streaming: " + ", ".join(f"{i}: {v}" for i, v in sorted(got.items())))
+    assert sorted(got) == [0, 1, 2, 3] and all(v in ((200, None), (503, "replica_lost")) for v in got.values()), got
     error_event = next(line for line in results[on_victim[0][0]]["lines"] if '"error"' in line)
     assert "replica_lost" in error_event
 

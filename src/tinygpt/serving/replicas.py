@@ -31,8 +31,8 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, HTTPOptions
 
 from .options import ServeOptions
-from .server import _listen
 from .replica_options import RAY_ADDRESS_ENV, ReplicaOptions
+from .server import _listen
 
 APP_NAME = "tinygpt"
 REPLICA_HEADER = "x-tinygpt-replica"  # which replica answered: "PID@HOST"
