@@ -111,6 +111,6 @@ def test_a_resume_at_another_world_size_keeps_the_global_batch_or_is_refused(tmp
     capsys.readouterr()
     assert main([*args, "--batch-size", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the checkpoint was trained by 2 process(es) x --batch-size 2 (global batch 4); " \
-        "1 x 2 would train on other windows: resume with --batch-size 4 to keep the global batch" in err, err
+    assert err.count("\n") == 1 and "the checkpoint was trained by 2 process(es) x --batch-size 2 (4 windows per " \
+        "micro-batch); 1 x 2 would draw other windows: resume with --batch-size 4 to keep them" in err, err
     assert main([*args, "--batch-size", "4"]) == 0
