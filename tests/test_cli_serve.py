@@ -124,6 +124,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model_dir, tmp_path, c
     (["--replicas", "2", "--autoscale", "1:2"], "conflicts with --replicas"),
     (["--replicas", "2", "--max-connections", "10"], "--max-connections is a setting of tinygpt's own HTTP server"),
     (["--replica-threads", "0"], "--replica-threads 0 must be"),
+    (["--replicas", "1", "--port", "0"], "--port 0 with --replicas/--autoscale"),
 ])
 def test_bad_replica_flags_are_one_line_errors(model_dir, capsys, flags, message):
     """Checked before Ray is imported or a model loaded."""
@@ -137,3 +138,13 @@ def test_replicas_without_ray_say_what_to_install(model_dir, capsys, monkeypatch
     assert main(["serve", "--model", str(model_dir), "--replicas", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "need the cluster extra: pip install -e '.[cluster]'" in err, err
+
+
+def test_more_local_replicas_than_cores_are_refused_before_ray_starts(model_dir, capsys):
+    """Ray would leave the replicas past the machine's CPUs pending, and the command would wait for them forever."""
+    pytest.importorskip("ray.serve")
+    cores = os.cpu_count() or 1
+    assert main(["serve", "--model", str(model_dir), "--replicas", str(cores + 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{cores + 1} replica(s) x 1 thread(s) need {cores + 1} CPUs, and this machine " \
+        f"has {cores}" in err, err

@@ -74,6 +74,8 @@ def _run_replicas(args: argparse.Namespace, options: ServeOptions, replicas: Rep
         if getattr(args, field) != ServeOptions.__dataclass_fields__[field].default:
             raise CommandError(f"{flag} is a setting of tinygpt's own HTTP server; with --replicas/--autoscale Ray "
                                f"Serve's proxy accepts connections, and it has no such limit: drop {flag}")
+    if options.port == 0:
+        raise CommandError("--port 0 with --replicas/--autoscale: Ray Serve's proxy needs a fixed port; pick one")
     try:
         import ray.serve  # noqa: F401
     except ImportError as err:

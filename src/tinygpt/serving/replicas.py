@@ -224,6 +224,24 @@ def local_source(model: str) -> str:
     return str(resolve_hf_source(model))
 
 
+def _check_fits_here(replicas: ReplicaOptions, device: str | None) -> None:
+    """On a local cluster, the replicas started at once must fit this machine's CPUs (and GPUs): Ray would leave
+    the rest pending, and ``serve.run`` would wait for them forever."""
+    count = replicas.replicas if replicas.bounds is None else max(1, replicas.bounds[0])
+    cores = os.cpu_count() or 1
+    if count * replicas.replica_threads > cores:
+        need = count * replicas.replica_threads
+        raise ValueError(f"{count} replica(s) x {replicas.replica_threads} thread(s) need {need} CPUs, and this "
+                         f"machine has {cores} (Ray reserves --replica-threads CPUs per replica): "
+                         f"start fewer, or join a larger cluster (--ray-address)")
+    if _wants_gpu(device):
+        import torch
+
+        if count > torch.cuda.device_count():
+            raise ValueError(f"{count} replica(s) on CUDA need {count} GPUs (one each), and this machine has "
+                             f"{torch.cuda.device_count()}: start fewer, or join a larger cluster (--ray-address)")
+
+
 def start_ray(address: str | None = None) -> None:
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``), or start a local one on this machine."""
     if ray.is_initialized():
@@ -241,7 +259,9 @@ def run_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
     """Start Ray Serve's proxy on ``options.host:options.port`` and the deployment behind it at ``/``; returns the
     URL once every replica is up (``serve.run`` waits)."""
     model = local_source(model)
+    replicas = replicas if replicas.enabled else ReplicaOptions(replicas=1)
     if replicas.ray_address is None and RAY_ADDRESS_ENV not in os.environ:
+        _check_fits_here(replicas, device)
         _listen(options.host, options.port).close()  # an address in use: one line now, not a dead proxy later
     start_ray(replicas.ray_address)
     serve.start(http_options=HTTPOptions(host=options.host, port=options.port,

@@ -208,9 +208,9 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
 
 def refuse_other_global_batch(state: dict[str, Any], batch_size: int | None, world_size: int) -> None:
     """``ValueError`` when a checkpoint resumes under another world size with other rows per micro-batch. Each
-    micro-batch draws ``batch_size x world_size`` windows from one stream and rank r takes its ``batch_size`` rows of them, so the
-    same product resumes the same computation (up to the order of the all-reduce's sums); another product would
-    draw other windows and train on another batch size."""
+    micro-batch draws ``batch_size x world_size`` windows from one stream and rank r takes its ``batch_size`` rows
+    of them, so the same product resumes the same computation (up to the order of the all-reduce's sums); another
+    product would draw other windows and train on another batch size."""
     saved_world, saved_batch = state.get("world_size"), state.get("options", {}).get("batch_size")
     if saved_world is None or saved_batch is None or batch_size is None or saved_world == world_size:
         return
