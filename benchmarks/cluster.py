@@ -13,6 +13,8 @@ loop is bounded.
 
 The kill: with 2 replicas and 4 clients streaming, one replica's process is SIGKILLed; measured are what each
 in-flight request got, the seconds until Ray has a replacement process, and until that process answers a request.
+The autoscaling: ``--autoscale 1:2`` with a target of 4 requests in flight per replica, 16 clients; the seconds
+until a second replica's process exists and until it answers.
 
 Figures: tokens/s (median over rounds) at ``--clients`` for 1 and 2 replicas and their ratio (the target on 2
 cores is >= 1.6x), TTFT p50/p95, per-token p50; at 1 client, tokens/s and TTFT through the proxy against the plain
@@ -123,6 +125,46 @@ def _kill_replica(url: str, new_tokens: int, prompts: list[str]) -> dict[str, An
     return {"in_flight": sorted(outcomes), "replacement_process_s": replaced, "replacement_serves_s": served}
 
 
+def _autoscale(url: str, folder: Path, prompts: list[str], new_tokens: int, clients: int = 16,
+               seconds: float = 90.0) -> dict[str, Any]:
+    """``--autoscale 1:2`` with ``--max-batch 4`` (the target: 4 requests in flight per replica) under ``clients``
+    clients: the seconds from the load's start until Ray has started the second replica's process, and until that
+    replica has answered a request."""
+    import httpx
+    from ray import serve
+
+    from tinygpt.serving.options import ServeOptions
+    from tinygpt.serving.replica_options import ReplicaOptions
+    from tinygpt.serving.replicas import APP_NAME, replica_deployment
+
+    serve.run(replica_deployment(str(folder), ServeOptions(model_name="bench", max_batch=4),
+                                 ReplicaOptions(autoscale="1:2")), name=APP_NAME, route_prefix="/")
+    before = _replica_pids()
+    started = time.monotonic()
+    stop = started + seconds
+    first: dict[str, float] = {}
+
+    def client(i: int) -> None:
+        while time.monotonic() < stop and "serves" not in first:
+            response = httpx.post(url + "/v1/completions", timeout=WAIT_S, json={
+                "model": "bench", "prompt": prompts[i % len(prompts)], "max_tokens": new_tokens, "temperature": 0})
+            pid = response.headers.get("x-tinygpt-replica", "").split("@")[0]
+            if pid and int(pid) not in before:
+                first.setdefault("serves", time.monotonic() - started)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop and "serves" not in first:
+        if "process" not in first and len(_replica_pids() - before) > 0:
+            first["process"] = time.monotonic() - started
+        time.sleep(0.25)
+    for t in threads:
+        t.join(WAIT_S)
+    return {"clients": clients, "second_replica_process_s": first.get("process"),
+            "second_replica_serves_s": first.get("serves")}
+
+
 def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens: int = 32,
         rounds: int = 2) -> dict[str, Any]:
     from ray import serve
@@ -190,6 +232,7 @@ def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens
             serve.run(replica_deployment(str(folder), options, ReplicaOptions(replicas=2)), name=APP_NAME,
                       route_prefix="/")
             result["kill"] = _kill_replica(url, new_tokens, prompts)
+            result["autoscale"] = _autoscale(url, folder, prompts, new_tokens)
         finally:
             plain.stop()
             shutdown()
@@ -212,6 +255,9 @@ def table(result: dict[str, Any]) -> str:
         f"{proxy['ttft_p50_extra_ms']:+.1f} ms, per-token p50 {proxy['per_token_p50_extra_ms']:+.2f} ms",
         f"killed replica: in-flight requests {kill['in_flight']}; a replacement process after "
         f"{_seconds(kill['replacement_process_s'])}, serving after {_seconds(kill['replacement_serves_s'])}",
+        f"--autoscale 1:2 (target 4 in flight per replica) under {result['autoscale']['clients']} clients: a second "
+        f"replica's process after {_seconds(result['autoscale']['second_replica_process_s'])}, serving after "
+        f"{_seconds(result['autoscale']['second_replica_serves_s'])}",
         f"Ray cluster start (first replica up): {result['ray_start_s']:.1f} s; load average before "
         f"{result['load_average_before']}, after {result['load_average_after']} on {result['cores']} cores",
     ])
