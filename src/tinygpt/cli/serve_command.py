@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..serving.options import API_KEY_ENV, ServeOptions
 from ..serving.replica_options import CLUSTER_EXTRA, ReplicaOptions
-from .common import CommandError, add_device_options, add_options, options_from_args
+from .common import CommandError, add_device_options, add_options, load_for_command, options_from_args
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     options = options_from_args(ServeOptions, args, api_key=api_key, model_name=name)  # an OptionError: main()
     # words it with the flag's name
+    if args.weights != "float32" and options.adapters:
+        raise CommandError(f"--weights {args.weights} cannot serve --adapter: LoRA adapters attach to float32 linears "
+                           f"(merge the adapter into the model with tinygpt merge, then serve that with --weights)")
     replicas = options_from_args(ReplicaOptions, args)
     if replicas.enabled:
         return _run_replicas(args, options, replicas, name)
@@ -42,15 +45,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CommandError(f"serving needs the serve extra: pip install -e '.[serve]' in a checkout, or "
                            f"pip install starlette uvicorn ({err})") from None
-    from ..devices import resolve_device
-    from ..interop.pretrained import load_pretrained
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    device = resolve_device(args.device)
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
-    if tokenizer is None:
-        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+    model, tokenizer, device = load_for_command(args.model, args.tokenizer_dir, args.device, args.weights)
     app = create_app(model, tokenizer, options, dtype=args.dtype)
 
     def announce(url: str) -> None:
@@ -89,5 +87,5 @@ def _run_replicas(args: argparse.Namespace, options: ServeOptions, replicas: Rep
               f"{', API key required' if options.api_key else ''})", flush=True)
 
     serve_replicas(args.model, options, replicas, tokenizer_dir=args.tokenizer_dir, device=args.device,
-                   dtype=args.dtype, announce=announce)
+                   dtype=args.dtype, weights=args.weights, announce=announce)
     return 0

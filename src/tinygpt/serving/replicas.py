@@ -51,10 +51,12 @@ class TinyGPTReplica:
     it itself, so a folder must be readable at the same path on every node. ``options``: ``ServeOptions``' fields."""
 
     def __init__(self, model: str, options: dict[str, Any], *, tokenizer_dir: str | None = None,
-                 device: str | None = None, dtype: str = "auto", torch_threads: int = 1) -> None:
+                 device: str | None = None, dtype: str = "auto", weights: str = "float32",
+                 torch_threads: int = 1) -> None:
         import torch
 
         from ..devices import resolve_device
+        from ..fast.weights import convert_weights
         from ..interop.pretrained import load_pretrained
         from .app import create_app
 
@@ -62,6 +64,7 @@ class TinyGPTReplica:
         loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=resolve_device(device))
         if tokenizer is None:
             raise ValueError(f"{model} has no tokenizer: pass tokenizer_dir (--tokenizer-dir)")
+        convert_weights(loaded, weights)  # --weights: the linears in float32, bf16 or int8 (fast.weights)
         self._app = create_app(loaded, tokenizer, ServeOptions(**options), dtype=dtype)
         self._app.add_middleware(_ReplicaHeader, value=f"{os.getpid()}@{socket.gethostname()}")
 
@@ -180,8 +183,8 @@ def _wants_gpu(device: str | None) -> bool:
 
 
 def replica_deployment(model: str, options: ServeOptions | None = None, replicas: ReplicaOptions | None = None, *,
-                       tokenizer_dir: str | None = None, device: str | None = None,
-                       dtype: str = "auto") -> serve.Application:
+                       tokenizer_dir: str | None = None, device: str | None = None, dtype: str = "auto",
+                       weights: str = "float32") -> serve.Application:
     """The bound deployment (a Ray Serve ``Application``) for ``serve.run(app, route_prefix=...)`` or a user's own
     composition: ``TinyGPTReplica`` with ``deployment_options``. ``model`` is read by each replica (see
     ``TinyGPTReplica``)."""
@@ -189,20 +192,21 @@ def replica_deployment(model: str, options: ServeOptions | None = None, replicas
     replicas = replicas if replicas is not None else ReplicaOptions(replicas=1)
     deployment = serve.deployment(TinyGPTReplica, **deployment_options(options, replicas, device))
     fields = {k: v for k, v in asdict(options).items()}
-    return deployment.bind(model, fields, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
+    return deployment.bind(model, fields, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype, weights=weights,
                            torch_threads=replicas.replica_threads)
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """An application builder for Ray Serve's config files (``import_path: tinygpt.serving.replicas:build_app``, as
     a KubeRay ``RayService``'s ``serveConfigV2`` names it) and ``serve run tinygpt.serving.replicas:build_app
-    model=gpt2``: ``args`` holds ``model`` and any of ``tokenizer_dir``, ``device``, ``dtype``, ``replicas``,
-    ``autoscale`` (``"MIN:MAX"``), ``replica_threads`` and ``ServeOptions``' fields, as the flags' values."""
+    model=gpt2``: ``args`` holds ``model`` and any of ``tokenizer_dir``, ``device``, ``dtype``, ``weights``,
+    ``replicas``, ``autoscale`` (``"MIN:MAX"``), ``replica_threads`` and ``ServeOptions``' fields, as the flags'
+    values."""
     args = dict(args)
     if "model" not in args:
         raise ValueError("build_app needs args.model: a checkpoint folder, a Hugging Face folder or a hub name")
     model = str(args.pop("model"))
-    loading = {key: args.pop(key) for key in ("tokenizer_dir", "device", "dtype") if key in args}
+    loading = {key: args.pop(key) for key in ("tokenizer_dir", "device", "dtype", "weights") if key in args}
     replica_fields = {key: args.pop(key) for key in ("replicas", "autoscale", "replica_threads") if key in args}
     if "replicas" in replica_fields:
         replica_fields["replicas"] = int(replica_fields["replicas"])
@@ -255,7 +259,7 @@ def start_ray(address: str | None = None) -> None:
 
 
 def run_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *, tokenizer_dir: str | None = None,
-                 device: str | None = None, dtype: str = "auto") -> str:
+                 device: str | None = None, dtype: str = "auto", weights: str = "float32") -> str:
     """Start Ray Serve's proxy on ``options.host:options.port`` and the deployment behind it at ``/``; returns the
     URL once every replica is up (``serve.run`` waits)."""
     model = local_source(model)
@@ -266,7 +270,8 @@ def run_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
     start_ray(replicas.ray_address)
     serve.start(http_options=HTTPOptions(host=options.host, port=options.port,
                                          keep_alive_timeout_s=options.keep_alive_timeout))
-    app = replica_deployment(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+    app = replica_deployment(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
+                             weights=weights)
     try:
         serve.run(app, name=APP_NAME, route_prefix="/")
     except RuntimeError as err:  # a replica's constructor failed (no such model, no tokenizer): the deployment's
@@ -287,7 +292,7 @@ def _deploy_error() -> str | None:
 
 def serve_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, *,
                    tokenizer_dir: str | None = None, device: str | None = None, dtype: str = "auto",
-                   announce: Callable[[str], None] | None = None) -> list[int]:
+                   weights: str = "float32", announce: Callable[[str], None] | None = None) -> list[int]:
     """``tinygpt serve --replicas N``: run until SIGTERM or SIGINT, then shut Serve down (and the local cluster,
     if this process started it). Returns the signals received."""
     received: list[int] = []
@@ -299,7 +304,8 @@ def serve_replicas(model: str, options: ServeOptions, replicas: ReplicaOptions, 
 
     previous: dict[int, Any] = {}
     try:
-        url = run_replicas(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+        url = run_replicas(model, options, replicas, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
+                           weights=weights)
         # after ray.init, which installs its own SIGTERM handler (it aborts the process)
         previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
         if announce is not None:
