@@ -144,3 +144,36 @@ def test_a_sigterm_right_after_the_url_is_printed_stops_the_server(model_dir):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "0"], "--replicas 0 must be"),
+    (["--autoscale", "3:1"], "--autoscale 3:1 must be MIN:MAX"),
+    (["--autoscale", "two"], "--autoscale two must be MIN:MAX"),
+    (["--replicas", "2", "--autoscale", "1:2"], "conflicts with --replicas"),
+    (["--replicas", "2", "--max-connections", "10"], "--max-connections is a setting of tinygpt's own HTTP server"),
+    (["--replica-threads", "0"], "--replica-threads 0 must be"),
+    (["--replicas", "1", "--port", "0"], "--port 0 with --replicas/--autoscale"),
+])
+def test_bad_replica_flags_are_one_line_errors(model_dir, capsys, flags, message):
+    """Checked before Ray is imported or a model loaded."""
+    assert main(["serve", "--model", str(model_dir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tinygpt serve: error: ") and message in err, err
+
+
+def test_replicas_without_ray_say_what_to_install(model_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray.serve", None)  # `import ray.serve` raises ImportError
+    assert main(["serve", "--model", str(model_dir), "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need the cluster extra: pip install -e '.[cluster]'" in err, err
+
+
+def test_more_local_replicas_than_cores_are_refused_before_ray_starts(model_dir, capsys):
+    """Ray would leave the replicas past the machine's CPUs pending, and the command would wait for them forever."""
+    pytest.importorskip("ray.serve")
+    cores = os.cpu_count() or 1
+    assert main(["serve", "--model", str(model_dir), "--replicas", str(cores + 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{cores + 1} replica(s) x 1 thread(s) need {cores + 1} CPUs, and this machine " \
+        f"has {cores}" in err, err
