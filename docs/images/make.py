@@ -1,11 +1,14 @@
 """Draw the guide's pictures that no experiment writes, each in English and in Chinese.
 
-    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|prepost] [--prepost DIR ...]
+    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|attention-steps|prepost] [--prepost DIR ...]
 
 - ``gelu_relu.png`` / ``gelu_relu_zh.png``: GELU (tanh, as GPT-2) against ReLU, and their derivatives (guide page 3).
 - ``attention_trained.png`` / ``attention_trained_zh.png``: every head's attention weights in both layers of a small
   character model trained here for a few hundred steps on the embedded corpus (guide page 10, exercise 3). CPU,
   one thread: about a minute.
+- ``attention_steps.png`` / ``attention_steps_zh.png``: guide page 4b's line through one head of its model (the
+  scores, scaled, masked, the softmax) and every head's weights; the model is ``train_char_model`` as the page
+  trains it. A few seconds.
 - ``prepost_*_zh.png``: the figures of ``tinygpt experiment prepost`` with Chinese labels, redrawn from the
   ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure).
 
@@ -29,7 +32,7 @@ from matplotlib import font_manager
 from tinygpt import CharTokenizer, GPTConfig, GPTModel
 from tinygpt.corpus import embedded_corpus_text
 from tinygpt.experiments import prepost_figures
-from tinygpt.experiments.attention import attention_weights
+from tinygpt.experiments.attention import attention_weights, train_char_model
 from tinygpt.figures import new_figure, save_png
 from tinygpt.layers import gelu_tanh_formula
 
@@ -42,13 +45,22 @@ TEXT = {
            "att_title": "layer {layer}, head {head}", "query": "query position (reads)",
            "key": "key position (is read)",
            "att_suptitle": "attention weights of a trained 2-layer character model (each row sums to 1; above the "
-                           "diagonal: exactly 0, the causal mask)"},
+                           "diagonal: exactly 0, the causal mask)",
+           "weight": "attention weight", "steps_title": ("1. scores Q K^T", "2. scaled: / \u221a{d}",
+                                                          "3. masked: the future = \u2212\u221e",
+                                                          "4. softmax: weights"),
+           "steps_suptitle": "one head (head {head}) of page 4b's trained model, step by step, and all {n} heads",
+           "head": "head {head}", "score": "score"},
     "zh": {"gelu_title": "GELU（tanh 近似，GPT-2 所用）与 ReLU", "deriv_title": "二者的导数",
            "x": "x", "y": "f(x)", "dy": "f'(x)", "gelu": "GELU", "relu": "ReLU",
            "min": "GELU 的最小值 {v:.3f}，位于 x = {x:.2f}",
            "att_title": "第 {layer} 层，第 {head} 个头", "query": "query 位置（读取方）",
            "key": "key 位置（被读取方）",
-           "att_suptitle": "训练过的两层字符级模型的注意力权重（每行之和为 1；对角线以上恰为 0：因果掩码）"},
+           "att_suptitle": "训练过的两层字符级模型的注意力权重（每行之和为 1；对角线以上恰为 0：因果掩码）",
+           "weight": "注意力权重", "steps_title": ("1. 分数 Q K^T", "2. 缩放：/ \u221a{d}",
+                                                 "3. 掩码：未来 = \u2212\u221e", "4. softmax：权重"),
+           "steps_suptitle": "第 4b 页训练的模型：一个头（第 {head} 个头）逐步计算，以及全部 {n} 个头",
+           "head": "第 {head} 个头", "score": "分数"},
 }
 PROMPT = "def forward(self, x):\n    return self.linear(x)"
 # The prepost figures' English texts and their Chinese (applied longest first, so a phrase wins over its words).
@@ -189,27 +201,79 @@ def attention_figure(model: GPTModel, tokenizer: CharTokenizer, lang: str, font:
     idx = torch.tensor([tokenizer.encode(PROMPT)])
     chars = [repr(c)[1:-1] if c in "\n\t" else (c if c != " " else "␣") for c in PROMPT]
     n_layers, n_heads = len(model.trf_blocks), model.config.n_heads
-    fig = new_figure(4.2 * n_heads, 4.4 * n_layers + 0.6)
+    fig = new_figure(4.2 * n_heads + 1.0, 4.4 * n_layers + 0.6, layout="constrained")
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    image = None
     with torch.no_grad():
         for layer in range(n_layers):
             weights, _ = attention_weights(model, idx, layer)  # [1, H, T, T]
             for head in range(n_heads):
                 ax = axes[layer][head]
-                ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
-                ax.set_xticks(range(len(chars)), chars, fontsize=5, fontfamily="monospace")
-                ax.set_yticks(range(len(chars)), chars, fontsize=5, fontfamily="monospace")
+                image = ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
+                ax.set_xticks(range(len(chars)), chars, fontsize=7, fontfamily="monospace")
+                ax.set_yticks(range(len(chars)), chars, fontsize=7, fontfamily="monospace")
                 ax.set_title(t["att_title"].format(layer=layer, head=head), fontsize=9, **kw)
                 ax.set_xlabel(t["key"], fontsize=8, **kw)
                 ax.set_ylabel(t["query"], fontsize=8, **kw)
     fig.suptitle(t["att_suptitle"], fontsize=10, **kw)
+    bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
+    bar.set_label(t["weight"], **kw)
+    return fig
+
+
+STEPS_LINE, STEPS_HEAD = "self.x = x", 3  # guide page 4b's line and head
+
+
+def attention_steps_figure(lang: str, font: str | None):
+    """Page 4b's model and line: one head's scores, scaled, masked and softmaxed, then every head's weights."""
+    t = TEXT[lang]
+    kw = _font(lang, font)
+    model, tokenizer, _ = train_char_model(embedded_corpus_text(max_chars=200_000), steps=600, seed=0)
+    idx = torch.tensor([tokenizer.encode(STEPS_LINE)])  # [1, T]
+    chars = [c if c != " " else "\u2423" for c in STEPS_LINE]
+    n, d, block = len(chars), model.config.head_dim, model.trf_blocks[0]
+    with torch.no_grad():
+        x, _ = model.embed(idx)
+        q, k, _ = block.att.qkv(block.norm1(x)).split(model.config.emb_dim, dim=-1)  # [1, T, D] each
+        cols = slice(STEPS_HEAD * d, (STEPS_HEAD + 1) * d)
+        scores = q[0, :, cols] @ k[0, :, cols].T  # [T, T]
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+        scaled = scores / d ** 0.5
+        masked = scaled.masked_fill(future, float("-inf"))
+        weights, _ = attention_weights(model, idx, 0)  # [1, H, T, T]
+    heads = model.config.n_heads
+    fig = new_figure(3.3 * max(4, heads) + 1.2, 7.4, layout="constrained")
+    axes = fig.subplots(2, max(4, heads), squeeze=False)
+    score_max = scores.abs().max().item()
+    for ax, title, m in zip(axes[0], t["steps_title"], (scores, scaled, masked, weights[0, STEPS_HEAD])):
+        probs = title is t["steps_title"][3]
+        shown = m.masked_fill(future, float("nan")) if not probs and m is masked else m
+        image = ax.imshow(shown.numpy(), cmap="viridis" if probs else "coolwarm", vmin=0 if probs else -score_max,
+                          vmax=1 if probs else score_max)
+        ax.set_title(title.format(d=d), fontsize=9, **kw)
+        fig.colorbar(image, ax=ax, shrink=0.7).set_label(t["weight"] if probs else t["score"], **kw)
+    for h, ax in enumerate(axes[1]):
+        if h >= heads:
+            ax.axis("off")
+            continue
+        image = ax.imshow(weights[0, h].numpy(), cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(t["head"].format(head=h), fontsize=9, **kw)
+    fig.colorbar(image, ax=axes[1].tolist(), shrink=0.7).set_label(t["weight"], **kw)
+    for ax in axes.ravel():
+        if ax.axison:
+            ax.set_xticks(range(n), chars, fontsize=8, fontfamily="monospace")
+            ax.set_yticks(range(n), chars, fontsize=8, fontfamily="monospace")
+            ax.set_xlabel(t["key"], fontsize=8, **kw)
+            ax.set_ylabel(t["query"], fontsize=8, **kw)
+    fig.suptitle(t["steps_suptitle"].format(head=STEPS_HEAD, n=heads), fontsize=10, **kw)
     return fig
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder (default: docs/images)")
-    parser.add_argument("--only", choices=("gelu", "attention", "prepost"), help="draw one picture (both languages)")
+    parser.add_argument("--only", choices=("gelu", "attention", "attention-steps", "prepost"),
+                        help="draw one picture (both languages)")
     parser.add_argument("--prepost", action="append", default=[], metavar="DIR",
                         help="an output folder of `tinygpt experiment prepost` to redraw in Chinese (repeatable)")
     args = parser.parse_args(argv)
@@ -225,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         for lang in ("en", "zh"):
             fig = attention_figure(model, tokenizer, lang, font)
             written.append(save_png(fig, out / f"attention_trained{'' if lang == 'en' else '_zh'}.png"))
+    if args.only in (None, "attention-steps"):
+        for lang in ("en", "zh"):
+            fig = attention_steps_figure(lang, font)
+            written.append(save_png(fig, out / f"attention_steps{'' if lang == 'en' else '_zh'}.png"))
     if args.only in (None, "prepost"):
         for name, fig in prepost_figures_zh([Path(d) for d in args.prepost], font).items():
             written.append(save_png(fig, out / name))
