@@ -1,6 +1,6 @@
 """Draw the guide's pictures that no experiment writes, each in English and in Chinese.
 
-    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|attention-steps|prepost] [--prepost DIR ...]
+    PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|attention-steps|residual-anatomy|prepost] [--prepost DIR ...]
 
 - ``gelu_relu.png`` / ``gelu_relu_zh.png``: GELU (tanh, as GPT-2) against ReLU, and their derivatives (guide page 3).
 - ``attention_trained.png`` / ``attention_trained_zh.png``: every head's attention weights in both layers of a small
@@ -9,6 +9,9 @@
 - ``attention_steps.png`` / ``attention_steps_zh.png``: guide page 4b's line through one head of its model (the
   scores, scaled, masked, the softmax) and every head's weights; the model is ``train_char_model`` as the page
   trains it. A few seconds.
+- ``residual.png`` / ``residual_zh.png`` and ``anatomy.png`` / ``anatomy_zh.png``: the figures of ``tinygpt experiment
+  residual`` and ``tinygpt experiment anatomy`` (guide pages 4 and 7), drawn by the experiments and relabelled in
+  Chinese. Seconds.
 - ``prepost_*_zh.png``: the figures of ``tinygpt experiment prepost`` with Chinese labels, redrawn from the
   ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure).
 
@@ -85,26 +88,71 @@ PREPOST_ZH = (
 )
 
 
-def _zh(text: str) -> str:
-    for en, zh in sorted(PREPOST_ZH, key=lambda pair: -len(pair[0])):
+# The residual and anatomy figures' English texts and their Chinese.
+EXPERIMENT_ZH = (
+    ("Residual shortcuts: weight gradients of the 5-layer example", "残差捷径：5 层示例网络的权重梯度"),
+    ("(seed ", "（种子 "), ("without shortcuts", "无捷径"), ("with shortcuts", "有捷径"),
+    ("layer (input -> output width)", "层（输入 -> 输出宽度）"), ("mean |dL/dW| (log scale)", "|dL/dW| 的平均值（对数轴）"),
+    ("layer ", "第 "), ("Where the parameters are (total above each bar; untied head, no QKV bias unless configured)",
+                        "参数在哪里（柱顶为总数；输出头不共享，除非配置否则 QKV 无偏置）"),
+    ("% of parameters", "参数占比 %"), ("config", "配置"), ("embeddings", "嵌入"), ("attention", "注意力"),
+    ("feed-forward", "前馈网络"), ("norms", "归一化"), ("head", "输出头"),
+)
+
+
+def _zh(text: str, table: tuple = PREPOST_ZH) -> str:
+    if table is EXPERIMENT_ZH:
+        text = text.replace(")", "）") if text.startswith("Residual") else text
+    for en, zh in sorted(table, key=lambda pair: -len(pair[0])):
         text = text.replace(en, zh)
     return text
 
 
-def translated(fig, font: str):
-    """``fig`` with every title, axis label, legend entry and tick label put through ``PREPOST_ZH``."""
+def translated(fig, font: str, table: tuple = PREPOST_ZH):
+    """``fig`` with every title, axis label, legend entry and tick label put through ``table``."""
     for ax in fig.axes:
-        ax.set_title(_zh(ax.get_title()), fontfamily=font)
-        ax.set_xlabel(_zh(ax.get_xlabel()), fontfamily=font)
-        ax.set_ylabel(_zh(ax.get_ylabel()), fontfamily=font)
+        ax.set_title(_zh(ax.get_title(), table), fontfamily=font)
+        ax.set_xlabel(_zh(ax.get_xlabel(), table), fontfamily=font)
+        ax.set_ylabel(_zh(ax.get_ylabel(), table), fontfamily=font)
         legend = ax.get_legend()
         for text in legend.get_texts() if legend else ():
-            text.set_text(_zh(text.get_text()))
+            text.set_text(_zh(text.get_text(), table))
             text.set_fontfamily(font)
-        for label in ax.get_xticklabels():
-            label.set_text(_zh(label.get_text()))
+        labels = ax.get_xticklabels()
+        for label in labels:
+            text = _zh(label.get_text(), table)
+            label.set_text(text.replace("\n", " 层\n", 1) if table is EXPERIMENT_ZH and text.startswith("第 ") else text)
             label.set_fontfamily(font)
+        ax.set_xticks(ax.get_xticks(), labels)
     return fig
+
+
+def experiment_figures(font: str) -> dict:
+    """The residual and anatomy experiments' own figures, in English and relabelled in Chinese: {file name: Figure}."""
+    import tempfile
+
+    from tinygpt.experiments import anatomy, residual
+
+    figures = {}
+    for module, run in ((residual, residual.run_residual), (anatomy, anatomy.run_anatomy)):
+        drawn: list[dict] = []
+        finish = module.finish
+
+        def keep(*args, finish=finish, drawn=drawn):
+            drawn.append(args[6])  # finish(name, directory, title, tables, data, findings, figures)
+            return finish(*args)
+
+        module.finish = keep
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                run(out=tmp)
+                run(out=tmp)  # a second drawing of the same figures, to relabel
+        finally:
+            module.finish = finish
+        for stem, fig in drawn[0].items():
+            figures[f"{stem}.png"] = fig
+            figures[f"{stem}_zh.png"] = translated(drawn[1][stem], font, EXPERIMENT_ZH)
+    return figures
 
 
 def prepost_figures_zh(directories: list[Path], font: str) -> dict:
@@ -272,7 +320,7 @@ def attention_steps_figure(lang: str, font: str | None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder (default: docs/images)")
-    parser.add_argument("--only", choices=("gelu", "attention", "attention-steps", "prepost"),
+    parser.add_argument("--only", choices=("gelu", "attention", "attention-steps", "residual-anatomy", "prepost"),
                         help="draw one picture (both languages)")
     parser.add_argument("--prepost", action="append", default=[], metavar="DIR",
                         help="an output folder of `tinygpt experiment prepost` to redraw in Chinese (repeatable)")
@@ -293,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         for lang in ("en", "zh"):
             fig = attention_steps_figure(lang, font)
             written.append(save_png(fig, out / f"attention_steps{'' if lang == 'en' else '_zh'}.png"))
+    if args.only in (None, "residual-anatomy"):
+        for name, fig in experiment_figures(font).items():
+            written.append(save_png(fig, out / name))
     if args.only in (None, "prepost"):
         for name, fig in prepost_figures_zh([Path(d) for d in args.prepost], font).items():
             written.append(save_png(fig, out / name))
