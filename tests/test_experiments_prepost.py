@@ -150,8 +150,9 @@ def test_graded_verdict_gives_each_claim_its_seeds_and_magnitude():
 
 
 def test_stall_alone_trains_the_pair_and_prints_one_graded_line(tmp_path, text_file, capsys):
-    assert main(["experiment", "prepost", "--stall", "--out", str(tmp_path), "--seed", "3", "--data", str(text_file),
-                 "--steps", "3", "--batch-size", "2", "--seq-len", "8", "--config", str(_tiny_json(tmp_path))]) == 0
+    assert main(["experiment", "prepost", "--stall", "--out", str(tmp_path), "--seed", "3", "--data",
+                 str(text_file), "--steps", "3", "--batch-size", "2", "--seq-len", "8",
+                 "--config", str(_tiny_json(tmp_path))]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "prepost.json").read_text(encoding="utf-8"))
     (cell,) = data["training"]["cells"]
@@ -159,7 +160,7 @@ def test_stall_alone_trains_the_pair_and_prints_one_graded_line(tmp_path, text_f
     assert "stacks" not in data and "init_profile" not in data and data["training"]["verdict"] is None
     stall = cell["final_loss"]["post_ln"][0] - cell["final_loss"]["pre_ln"][0]
     assert cell["stall_per_seed"] == [stall]
-    assert f"by {stall:+.3f} nats on average ({stall:+.3f} over seeds)" in out
+    assert f"shown on {int(stall > 0.1)} of 1 seed, by {stall:+.3f} nats\n" in out
     assert "warmup" not in out.split("stall")[-1]
 
 

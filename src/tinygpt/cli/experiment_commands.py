@@ -28,7 +28,7 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
                     help="seeds of the main cell (--seed, --seed + 1, ...) (default: 3; 1 with --stall)")
     pp.add_argument("--stall", action="store_true",
                     help="the stall alone: pre-LN and post-LN without warmup at the main cell, nothing else, and "
-                         "one graded line (about a minute per seed on one CPU thread)")
+                         "one graded line (about 40 s of CPU per seed, one thread)")
     pp.add_argument("--steps", type=int, default=300, help="training steps per model; 0 skips training (default: 300)")
     pp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
     pp.add_argument("--seq-len", type=int, default=32, help="characters per sequence (default: 32)")

@@ -190,7 +190,7 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
     of ``contrast_depths`` and the ``control_init`` cell (None: none) train pre-LN and post-LN on ``seed`` alone.
     ``steps=0`` skips training. ``sweep``: also every ``sweep_depths`` x ``sweep_lrs`` cell for ``sweep_steps``
     steps (default: ``steps``), one seed. ``stall_only``: the stall alone, nothing else: pre-LN and post-LN without
-    warmup at the main cell on ``seeds`` seeds, then one graded line (about a minute per seed on one CPU thread)."""
+    warmup at the main cell on ``seeds`` seeds, then one graded line (about 40 s of CPU per seed, one thread)."""
     if stall_only:
         profile_depths, contrast_depths, control_init, sweep = (), (), None, False
     sweep_steps = steps if sweep_steps is None else sweep_steps
@@ -216,7 +216,8 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
                 rows.append([f"L={depth} block {i} input", a, b, f"{a / b:.2f}"])
         grad_table = format_table(["stack / position", "||grad|| pre-LN", "||grad|| post-LN", "pre/post"], rows)
         diff_table = format_table(
-            ["stack", "outputs allclose", "max |pre - post|", "out std pre-LN", "out std post-LN", "input grad pre/post"],
+            ["stack", "outputs allclose", "max |pre - post|", "out std pre-LN", "out std post-LN",
+             "input grad pre/post"],
             [[f"L={d}", r["outputs_allclose"], r["outputs_max_abs_diff"], r["output_std"]["pre_ln"],
               r["output_std"]["post_ln"], f"{r['input_grad_ratio_pre_over_post']:.2f}"] for d, r in stacks.items()])
         ratios = {d: r["input_grad_ratio_pre_over_post"] for d, r in stacks.items()}

@@ -209,9 +209,10 @@ def stall_line(stall_per_seed: Sequence[float], gap: float = STALL_GAP) -> str:
     n = len(stall_per_seed)
     shown = sum(not math.isfinite(s) or s > gap for s in stall_per_seed)
     mean = statistics.fmean(stall_per_seed) if all(math.isfinite(s) for s in stall_per_seed) else math.inf
-    return (f"the stall (post-LN without warmup ends more than {gap} nats above pre-LN): shown on {shown} of {n} "
-            f"seed{'s' if n > 1 else ''}, by {mean:+.3f} nats on average ({_range(stall_per_seed, '+.3f')} over "
-            "seeds)")
+    head = f"the stall (post-LN without warmup ends more than {gap} nats above pre-LN): shown on {shown} of {n} seed"
+    if n == 1:
+        return f"{head}, by {mean:+.3f} nats"
+    return f"{head}s, by {mean:+.3f} nats on average ({_range(stall_per_seed, '+.3f')} over seeds)"
 
 
 def graded_verdict_lines(verdict: dict) -> list[str]:
