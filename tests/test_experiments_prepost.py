@@ -215,6 +215,9 @@ def test_sweep_runs_every_cell_and_writes_its_figure(tmp_path, text_file):
         assert c["shown"] == (c["pre_ln_trains"] and c["post_ln_fails"] and c["warmup_recovers"])
     assert report.files["prepost_sweep"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "sweep (gpt2 init, 3 steps per run" in report.text
+    stalled = [c for c in cells if c["post_ln_fails"]]
+    assert report.text.count("nats, the warmup removes") == len(stalled)
+    assert f"{cells[0]['gap_post_minus_pre']:+.3f}" in report.text  # every cell's stall, graded, in the table
 
 
 def test_bad_arguments(tmp_path):

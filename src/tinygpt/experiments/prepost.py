@@ -278,12 +278,16 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         cells = run_sweep(cfg, ids, depths=sweep_depths, lrs=sweep_lrs, steps=sweep_steps, batch_size=batch_size,
                           seq_len=seq, warmup=warmup, seed=seed, init=init, progress=progress)
         tables.append(format_table(
-            ["depth", "lr", *(VARIANT_NAMES[v] for v in VARIANTS), "post-LN fails", "warmup recovers", "shown"],
-            [[f"L={c['depth']}", f"{c['lr']:g}", *(c["final_loss"][v] for v in VARIANTS), c["post_ln_fails"],
-              c["warmup_recovers"], c["shown"]] for c in cells]))
-        shown = [f"L={c['depth']} lr {c['lr']:g}" for c in cells if c["shown"]]
+            ["depth", "lr", *(VARIANT_NAMES[v] for v in VARIANTS), "stall: post - pre", "warmup removes",
+             "parity: post+w - pre+w"],
+            [[f"L={c['depth']}", f"{c['lr']:g}", *(c["final_loss"][v] for v in VARIANTS),
+              f"{c['gap_post_minus_pre']:+.3f}", f"{c['warmup_removes']:.0%}", f"{c['gap_warmup_post_minus_pre']:+.3f}"]
+             for c in cells]))
+        stalls = [f"L={c['depth']} lr {c['lr']:g} ({c['gap_post_minus_pre']:+.3f} nats, the warmup removes "
+                  f"{c['warmup_removes']:.0%})" for c in cells if c["post_ln_fails"]]
         findings.append(f"sweep ({init} init, {sweep_steps} steps per run, mean loss of the last 10%, warmup {warmup} "
-                        "steps): " + (f"the lesson shows at {', '.join(shown)}" if shown else "the lesson shows in no cell"))
+                        f"steps): post-LN without warmup stalls (more than {STALL_GAP} nats above pre-LN) at "
+                        + (", ".join(stalls) if stalls else "no cell"))
         figures["prepost_sweep"] = figs.sweep_figure(cells, plateau)
         data_out["sweep"] = {"init": init, "steps": sweep_steps, "depths": list(sweep_depths),
                              "lrs": list(sweep_lrs), "cells": cells}
