@@ -1,4 +1,4 @@
-"""Draw the guide's pictures that no experiment writes, each in English and in Chinese.
+"""Draw the guide's pictures, each in English and in Chinese.
 
     PYTHONPATH=src python docs/images/make.py [--out docs/images] [--only gelu|attention|attention-steps|residual-anatomy|prepost] [--prepost DIR ...]
 
@@ -13,7 +13,8 @@
   residual`` and ``tinygpt experiment anatomy`` (guide pages 4 and 7), drawn by the experiments and relabelled in
   Chinese. Seconds.
 - ``prepost_*_zh.png``: the figures of ``tinygpt experiment prepost`` with Chinese labels, redrawn from the
-  ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure).
+  ``prepost.json`` of each ``--prepost DIR`` given (its default run, and a ``--sweep`` run for the sweep figure;
+  several ``--sweep`` runs, one per learning rate, make one sweep figure, and then ``prepost_sweep.png`` too).
 
 The Chinese labels need a font with CJK glyphs (Noto Sans CJK, Source Han Sans, WenQuanYi Micro Hei, ...; on Debian
 ``apt-get install fonts-wqy-microhei``); the script says so and stops if none is installed. The diagrams of the
@@ -69,12 +70,12 @@ PROMPT = "def forward(self, x):\n    return self.linear(x)"
 # The prepost figures' English texts and their Chinese (applied longest first, so a phrase wins over its words).
 PREPOST_ZH = (
     ("measured pre-LN / post-LN", "实测 pre-LN / post-LN"), ("10x (exercise 5's expectation)", "10 倍（练习 5 的预期）"),
-    ("1x (equal)", "1 倍（相等）"), ("block index (0 = stack input)", "block 序号（0 = 堆叠的输入）"),
+    ("1x (equal)", "1 倍（相等）"),
     ("||dL/d input|| pre-LN / post-LN", "||dL/d 输入|| pre-LN / post-LN"),
-    ("blocks, same weights: gradient ratio at each block's input", "个 block、相同权重：每个 block 输入处的梯度比值"),
-    ("block (1 = next to the embeddings)", "block（1 = 紧挨 embedding）"),
+    ("blocks, same weights: gradient ratio at each block's input", "个块、相同权重：每个块输入处的梯度比值"),
+    ("block (1 = next to the embeddings)", "块（1 = 紧挨嵌入层）"),
     ("||dL/dW2|| at init (log scale)", "初始化时的 ||dL/dW2||（对数轴）"),
-    ("gradient per block at init,", "初始化时每个 block 的梯度，"), (" layers", " 层"),
+    ("gradient per block at init,", "初始化时每个块的梯度，"), (" layers", " 层"),
     ("one AdamW step", "一步 AdamW"), ("how far the output moves", "输出移动了多远"),
     ("KL(before || after), nats (log scale)", "KL(更新前 || 更新后)，nat（对数轴）"),
     ("pre-LN + warmup", "pre-LN + warmup"), ("init", "初始化"), ("unigram entropy", "一元熵"),
@@ -82,7 +83,7 @@ PREPOST_ZH = (
     ("band:", "阴影："), ("seeds' min-max", "个种子的最小–最大"),
     ("mean loss of the last 10% of steps", "最后 10% 步的平均损失"), ("final loss per seed", "每个种子的最终损失"),
     ("cell (depth, init)", "单元（深度，初始化）"), ("||dL/d tok_emb|| (log scale)", "||dL/d tok_emb||（对数轴）"),
-    ("token-embedding gradient norm (mean over seeds)", "token embedding 的梯度范数（种子平均）"),
+    ("token-embedding gradient norm (mean over seeds)", "词元嵌入的梯度范数（种子平均）"),
     ("loss at step 0 (x: diverged)", "第 0 步的损失（x：发散）"), ("learning rate (log scale)", "学习率（对数轴）"),
     ("mean loss, last 10% of steps (nats / char)", "最后 10% 步的平均损失（nat / 字符）"), ("layers", "层数"),
 )
@@ -171,9 +172,22 @@ def prepost_figures_zh(directories: list[Path], font: str) -> dict:
             t = data["training"]
             figures["prepost_training_zh.png"] = prepost_figures.training_figure(t["cells"], plateau, t["lr"],
                                                                                  t["warmup"])
-        if "sweep" in data:
-            figures["prepost_sweep_zh.png"] = prepost_figures.sweep_figure(data["sweep"]["cells"], plateau)
+    cells, plateau = sweep_cells(directories)
+    if cells:
+        figures["prepost_sweep_zh.png"] = prepost_figures.sweep_figure(cells, plateau)
     return {name: translated(fig, font) for name, fig in figures.items()}
+
+
+def sweep_cells(directories: list[Path]) -> tuple[list[dict], float]:
+    """Every sweep cell of the folders' ``prepost.json`` files, by depth and learning rate (one ``--sweep`` run per
+    learning rate can run in parallel and be drawn as one figure), and the unigram entropy."""
+    cells, plateau = [], float("nan")
+    for directory in directories:
+        data = json.loads((directory / "prepost.json").read_text(encoding="utf-8"))
+        if "sweep" in data:
+            cells += data["sweep"]["cells"]
+            plateau = data["unigram_entropy"]
+    return sorted(cells, key=lambda c: (c["depth"], c["lr"])), plateau
 
 
 def cjk_font() -> str:
@@ -345,8 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, fig in experiment_figures(font).items():
             written.append(save_png(fig, out / name))
     if args.only in (None, "prepost"):
-        for name, fig in prepost_figures_zh([Path(d) for d in args.prepost], font).items():
+        folders = [Path(d) for d in args.prepost]
+        for name, fig in prepost_figures_zh(folders, font).items():
             written.append(save_png(fig, out / name))
+        if sum("sweep" in json.loads((d / "prepost.json").read_text(encoding="utf-8")) for d in folders) > 1:
+            cells, plateau = sweep_cells(folders)  # sweeps run apart: the English figure of them all, too
+            written.append(save_png(prepost_figures.sweep_figure(cells, plateau), out / "prepost_sweep.png"))
     for path in written:
         print(f"wrote {path}")
     return 0
