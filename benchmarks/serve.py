@@ -29,8 +29,8 @@ Workloads (``serve_workloads``; the figures each reports):
   against turn 1 (with and without prefix reuse, as above).
 - speculative: one stream on a copy-heavy task (rewrite a given function with renamed variables) and on prose:
   tokens/s and acceptance rate with ``--speculative lookup`` against ``--speculative off`` (and ``--draft MODEL``)
-  where this checkout's server has the flags, and always ``inference.speculative.speculative_generate`` in this
-  process, prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
+  where this checkout's server has the flags, and always the inference engine in this process (one row, as
+  ``generate`` runs it), prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
   the cost of drafting and verifying, and whatever repetition the random model falls into; a trained model
   (``--model``) shows what drafting gains where the model does copy.
 
@@ -54,6 +54,7 @@ import torch
 
 from tinygpt import GPTConfig, GPTModel, generate, save_model
 
+from . import serve_structured
 from . import serve_workloads as wl
 from .common import format_table, pin_threads, run_and_report, shared_data_dir
 from .models import gpt2_small
@@ -217,7 +218,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
                 asyncio.run(load(servers.running[key].url, [warm[:1]] * 4))
             run_workloads = dict(throughput=_throughput, **{"long-arrival": _long_arrival,
                                  "shared-prefix": _shared_prefix, "conversation": _conversation,
-                                 "speculative": _speculative})
+                                 "speculative": _speculative, "structured": serve_structured.measure})
             context = _Run(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens,
                            (lo, hi), phase_seconds, log)
             for name in workloads:
@@ -358,7 +359,7 @@ def _speculative(run: _Run) -> None:
 
         rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
         for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
-            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m,
+            rows.append({"task": task, "impl": f"offline engine {mode}", **m,
                          "rounds": max(run.rounds, 3)})
         run.log(f"speculative {task}: done")
     run.result["tables"]["speculative"] = rows
@@ -387,9 +388,11 @@ def _ratios(result: dict[str, Any]) -> None:
     spec = {(row["task"], row["impl"]): row["tokens_per_s"] for row in tables.get("speculative", [])}
     for task in ("copy", "prose"):
         for on, off in ((LABELS["spec-lookup"], LABELS["spec-off"]),
-                        ("offline speculative_generate lookup", "offline speculative_generate off")):
+                        ("offline engine lookup", "offline engine off")):
             if (task, on) in spec and (task, off) in spec:
                 ratios[f"{task}: {on}/off tokens/s"] = spec[(task, on)] / spec[(task, off)]
+    for c, ratio in result.get("structured", {}).get("ratio_json_over_free", {}).items():
+        ratios[f"json_schema/unconstrained tokens/s at {c} clients"] = ratio
     result["ratios"] = ratios
 
 
@@ -417,6 +420,8 @@ def table(result: dict[str, Any]) -> str:
                                                    for k in rows[0] if k.endswith("_ttft_ms")]
             cols += [("last_over_first", "last/first"), ("rounds", "rounds")]
         lines += [name, format_table(rows, cols), ""]
+    if "structured" in result:
+        lines += ["structured", serve_structured.table(result["structured"], _structured_table), ""]
     lines += [f"{name}: {value:.2f}x" for name, value in result["ratios"].items()]
     lines += [f"identical text to HF at {c} clients: {share:.0%} of requests" for c, share in
               result.get("same_text", {}).items()]
@@ -424,6 +429,12 @@ def table(result: dict[str, Any]) -> str:
               result.get("same_text_before", {}).items()]
     lines += [f"{name}: not available ({why})" for name, why in result["not_available"].items()]
     return "\n".join(lines)
+
+
+def _structured_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    names = {"impl": "implementation", "mode": "output", "clients": "clients", "tokens_per_s": "tokens/s",
+             "tokens_per_request": "tokens/request", "valid_share": "valid"}
+    return format_table(rows, [(k, names[k]) for k in keys])
 
 
 def _int_list(flag: str) -> Callable[[str], list[int]]:

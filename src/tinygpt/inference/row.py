@@ -38,9 +38,10 @@ class Row:
     config: GenerationConfig | None = None  # None: a scoring row
     scored: int = 0  # scoring rows: the last ``scored`` tokens are scored (the window is tokens[:-1])
     generator: torch.Generator | None = None
-    want_logits: bool = False  # hand each drawn token's raw logits to the caller (log-probabilities)
+    want_logits: bool = False  # hand each drawn (or scored) token's raw logits to the caller (log-probabilities)
     reuse: bool = True  # may take cached prefix blocks
     adapter: int = -1  # which attached LoRA adapter (multi_lora) the row runs with; -1: the base model
+    cache_salt: str | None = None  # shares cached prefix blocks only with rows of the same salt (``blocks``)
     tag: Any = None  # the caller's handle
     id: int = field(default_factory=lambda: next(_ids))
     prompt_len: int = 0
@@ -60,6 +61,7 @@ class Row:
     lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
     constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
+    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list

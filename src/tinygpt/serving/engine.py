@@ -16,12 +16,12 @@ settings, its sink) finishes alone with reason "error"; the others carry on and 
 from __future__ import annotations
 
 import collections
-import contextlib
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -30,7 +30,6 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
-from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
 DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
@@ -38,11 +37,11 @@ DEFAULT_CHUNK_PER_DECODE = 8  # while rows decode, prompt tokens per step per de
 
 
 class QueueFull(Exception):
-    """Raised by ``BatchEngine.submit`` when the waiting queue cannot take the request's rows."""
+    """Raised by ``EngineThread.submit`` when the waiting queue cannot take the request's rows."""
 
 
 class EngineStopped(Exception):
-    """Raised by ``BatchEngine.submit`` once the engine is shutting down."""
+    """Raised by ``EngineThread.submit`` once the engine is shutting down."""
 
 
 @dataclass
@@ -75,6 +74,7 @@ class Finish:
     message: str = ""
     accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
     rejected_drafts: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 @dataclass
@@ -99,6 +99,8 @@ class EngineRequest:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter: int = -1
+    constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
+    cache_salt: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -113,23 +115,28 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
-def _adapter(model: nn.Module, adapter: int) -> ContextManager[None]:
-    """A whole forward [1, T] of one row with ``adapter`` (-1: the base)."""
-    return contextlib.nullcontext() if adapter < 0 else use_adapters(model, [adapter])
-
-
 class _Live:
-    """A request on the engine: its core row and its text."""
+    """A request on the engine: its core row and its text. With ``prompt_logprobs`` the prompt is first a scoring
+    row of the core (``scoring``: scheduled under the token budget like any row, its logits gathered step by step);
+    the generation row joins the core once the prompt's log-probabilities are out."""
 
     def __init__(self, req: EngineRequest, row: Row, tokenizer: TextCodec) -> None:
         self.req, self.row = req, row
+        self.scoring: Row | None = None
+        self.prompt_logits: list[torch.Tensor] = []  # the scoring row's logits so far, [m, V] each
         self.text = TextStreamer(tokenizer, req.stop_texts)
         self.count = 0  # tokens delivered (the end-of-text one included)
         self.done = False
 
+    @property
+    def current(self) -> Row:
+        """The request's row in the core now."""
+        return self.row if self.scoring is None else self.scoring
 
-class BatchEngine:
-    """A thread that runs the inference core; ``submit`` is thread-safe and events reach each request's ``sink``.
+
+class EngineThread:
+    """The server's thread and request adapter over the one inference core (``inference.engine.InferenceEngine``):
+    a thread that steps the core; ``submit`` is thread-safe and events reach each request's ``sink``.
 
     ``max_batch`` rows decode together; ``max_queue`` bounds the rows that wait for a place (beyond it ``submit``
     raises ``QueueFull``). ``token_budget``: tokens per forward (decodes first, then chunks of prompts).
@@ -163,6 +170,7 @@ class BatchEngine:
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
         self._live: dict[int, _Live] = {}
+        self._job_debt = 0.0  # seconds the rows are owed for the last job's time (``_loop``)
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tinygpt-engine", daemon=True)
@@ -193,7 +201,8 @@ class BatchEngine:
 
     def call(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
         """Run ``fn()`` on the engine's thread between two steps (so it never competes with the batch for the
-        model); ``done(result, error)`` is called there afterwards."""
+        model), one at a time, each after the rows have had as much time as the last one took; ``done(result,
+        error)`` is called there afterwards."""
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
@@ -206,7 +215,7 @@ class BatchEngine:
             return self._load()
 
     def _load(self) -> dict[str, int]:
-        running = sum(1 for live in list(self._live.values()) if live.row in self.core.scheduler.running)
+        running = sum(1 for live in list(self._live.values()) if live.current in self.core.scheduler.running)
         return {"running": running, "waiting": len(self._live) - running + len(self._inbox)}
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -219,25 +228,33 @@ class BatchEngine:
     # ------------------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # this thread only runs inference
+        job = None
         while True:
             with self._cv:
                 while not (self._live or self._inbox or self._jobs or self._stopping):
                     self._cv.wait()
-                jobs = list(self._jobs)
-                self._jobs.clear()
                 newcomers = list(self._inbox)
                 self._inbox.clear()
                 if self._stopping:
                     break
+                # a job (an /inspect) runs when the rows have had as much time since the last one as it took:
+                # with rows decoding, jobs get at most half the engine, however many wait
+                busy = self.core.has_work
+                job = self._jobs.popleft() if self._jobs and (self._job_debt <= 0 or not busy) else None
             try:
                 with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
-                    for fn, done in jobs:
-                        self._run_job(fn, done)
+                    if job is not None:
+                        start = time.monotonic()
+                        self._run_job(*job)
+                        self._job_debt = time.monotonic() - start if busy else 0.0
+                        job = None
                     for req in newcomers:
                         self._add(req)
                     self._drop_cancelled()
                     if self.core.has_work:
+                        start = time.monotonic()
                         self._step()
+                        self._job_debt = max(0.0, self._job_debt - (time.monotonic() - start))
             except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
                 traceback.print_exc(file=sys.stderr)
                 for live in list(self._live.values()):
@@ -247,8 +264,9 @@ class BatchEngine:
             self._finish(live, Finish("cancelled", message="the server shut down"))
         for req in newcomers:
             self._emit(req, Finish("cancelled", message="the server shut down", prompt_tokens=len(req.prompt)))
-        for fn, done in jobs:
+        for fn, done in self._jobs:
             done(None, EngineStopped("the server is shutting down"))
+        self._jobs.clear()
 
     @staticmethod
     def _run_job(fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
@@ -274,10 +292,11 @@ class BatchEngine:
         if live.done:
             return
         live.done = True
-        self._live.pop(live.row.id, None)
-        self.core.cancel(live.row)
+        self._live.pop(live.current.id, None)
+        self.core.cancel(live.current)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
         event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
+        event.cached_tokens = min(live.row.cached_tokens, len(live.req.prompt))
         self._emit(live.req, event)
 
     def _add(self, req: EngineRequest) -> None:
@@ -288,29 +307,45 @@ class BatchEngine:
         try:
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
-                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
-            if req.prompt_logprobs:
-                ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
-                with _adapter(self.model, req.adapter):
-                    scored = self._prompt_logprobs(ids, req.logprobs or 0)
-                if not self._emit(req, PromptLogprobs(scored)):
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint,
+                      cache_salt=req.cache_salt)
+            live = _Live(req, row, self.tokenizer)
+            if req.prompt_logprobs and len(req.prompt) > 1:
+                # position t predicts token t + 1: the scoring row feeds the first P - 1 tokens (a C + 1-token
+                # prompt is scored as lm-eval's HF class scores it, the model reading C tokens)
+                live.scoring = Row(list(req.prompt), None, scored=len(req.prompt) - 1, want_logits=True, tag=req,
+                                   adapter=req.adapter, cache_salt=req.cache_salt)
+                self.core.add(live.scoring)
+            else:
+                if req.prompt_logprobs and not self._emit(req, PromptLogprobs([TokenInfo(req.prompt[0])])):
                     raise RuntimeError("the request's sink failed")
-            self.core.add(row)
+                self.core.add(row)
         except Exception as err:
             self._emit(req, Finish("error", message=f"{type(err).__name__}: {err}", prompt_tokens=len(req.prompt)))
             return
-        self._live[row.id] = _Live(req, row, self.tokenizer)
+        self._live[live.current.id] = live
 
-    def _prompt_logprobs(self, ids: torch.Tensor, top: int) -> list[TokenInfo]:
-        """Each prompt token's log-probability given the tokens before it (the first has none). ids [1, P]."""
-        # position t predicts token t + 1, so P tokens need only their first min(P, C) fed: a C + 1-token window
-        # is scored as lm-eval's HF class scores it (the model reads C tokens)
-        logprobs = self.model(ids[:, :self.model.config.context_length])[0].float().log_softmax(-1)  # [P', V]
-        prompt = ids[0].tolist()
-        out = [TokenInfo(prompt[0], None, [])]
-        for t in range(1, len(prompt)):
-            out.append(TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]), _top(logprobs[t - 1], top)))
-        return out
+    def _scored(self, live: _Live, logits: torch.Tensor | None) -> None:
+        """A step of the request's scoring row; once it is done, each prompt token's log-probability given the
+        tokens before it (the first has none) goes out, and the generation row joins the core."""
+        scoring = live.scoring
+        if logits is not None:
+            live.prompt_logits.append(logits)
+        if scoring.finish_reason == "error":
+            self._finish(live, Finish("error", message=scoring.error))
+            return
+        if not scoring.finished:
+            return
+        logprobs = torch.cat(live.prompt_logits).float().log_softmax(-1)  # [P - 1, V]
+        prompt, top = live.req.prompt, live.req.logprobs or 0
+        tokens = [TokenInfo(prompt[0])] + [TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]),
+                                                      _top(logprobs[t - 1], top)) for t in range(1, len(prompt))]
+        self._live.pop(scoring.id, None)
+        live.scoring, live.prompt_logits = None, []
+        self._live[live.row.id] = live
+        if not self._emit(live.req, PromptLogprobs(tokens)):
+            raise RuntimeError("the request's sink failed")
+        self.core.add(live.row)
 
     def _drop_cancelled(self) -> None:
         for live in list(self._live.values()):
@@ -324,7 +359,10 @@ class BatchEngine:
             if live is None:
                 continue
             try:
-                self._deliver(live, out.tokens, out.logits)
+                if out.row is live.scoring:
+                    self._scored(live, out.logits)
+                else:
+                    self._deliver(live, out.tokens, out.logits)
             except Exception as err:
                 traceback.print_exc(file=sys.stderr)
                 self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
@@ -337,7 +375,7 @@ class BatchEngine:
                 self._finish(live, Finish("stop", live.text.finish()))
                 return
             info = TokenInfo(token)
-            if req.logprobs is not None and logits is not None:
+            if req.logprobs is not None and logits is not None and i < logits.shape[0]:  # forced tokens: none
                 logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
                 info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
             piece, stopped = live.text.add(token)
@@ -353,3 +391,6 @@ class BatchEngine:
             self._finish(live, Finish("stop", live.text.finish()))
         elif row.finish_reason == "length":
             self._finish(live, Finish("length", live.text.finish()))
+
+
+BatchEngine = EngineThread  # the name before the redesign (#35), for imports written against it
