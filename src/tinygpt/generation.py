@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import checks
+from .inference.constraint import RowConstraint
 from .inference.engine import DEFAULT_BLOCK_SIZE, InferenceEngine
 from .inference.row import Row
 from .inference.speculative import check_draft_model
@@ -152,11 +153,12 @@ class GenerationConfig:
 class GenerationResult:
     """What ``generate`` returns. ``tokens`` [B, N]: the new tokens of each row (N = the longest row's count),
     ``pad_id`` after a row finished; ``lengths[i]``: row i's real new tokens; ``finish_reasons[i]``: "eos",
-    "stop" or "length"."""
+    "stop" or "length"; ``forced[i][j]``: whether row i's j-th new token was forced by its constraint."""
 
     tokens: torch.Tensor
     lengths: list[int]
     finish_reasons: list[str]
+    forced: list[list[bool]] = field(default_factory=list)
 
     def rows(self) -> list[list[int]]:
         """The new tokens of each row without padding."""
@@ -223,6 +225,7 @@ def stream(
     *,
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None,
     **overrides: Any,
 ) -> Iterator[list[int | None]]:
     """Yield, at every step, the new token of each row (``None`` for rows that already finished).
@@ -230,11 +233,25 @@ def stream(
     prompts: [T] or [B, T] ids, or a list of B id lists of any lengths. Settings come from ``config`` and
     ``overrides`` (``GenerationConfig`` fields). ``draft_model``: a small model sharing the tokenizer that drafts
     ``speculative_tokens`` tokens per step (``DEFAULT_DRAFT_TOKENS`` when that is 0) instead of prompt lookup; the
-    same tokens for greedy rows, the same distribution for sampled ones. Everything is checked before the first
+    same tokens for greedy rows, the same distribution for sampled ones. ``constraints``: one per prompt (or None),
+    each a ``RowConstraint`` that masks the row's draws and may force tokens (``inference.constraint``); a
+    constrained row does not draft. Everything is checked before the first
     step; the model is in eval mode while the iterator runs and goes back to its mode when it ends or is closed.
     """
     rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
-    return _steps(model, rows, cfg, generator, draft_model=draft_model)
+    _check_constraints(constraints, len(rows))
+    return _steps(model, rows, cfg, generator, draft_model=draft_model, constraints=constraints)
+
+
+def _check_constraints(constraints: object, n: int) -> None:
+    if constraints is None:
+        return
+    if not isinstance(constraints, Sequence) or len(constraints) != n:
+        raise ValueError(f"constraints must be a list of {n} entries (one per prompt, each a RowConstraint or None)")
+    bad = next((c for c in constraints if c is not None and not isinstance(c, RowConstraint)), None)
+    if bad is not None:
+        raise TypeError(f"a constraint must have allowed(), advance(token) and is_done() (inference.constraint."
+                        f"RowConstraint), got {type(bad).__name__}")
 
 
 def _prepare(
@@ -264,6 +281,7 @@ def _prepare(
 def _steps(
     model: nn.Module, prompts: list[list[int]], cfg: GenerationConfig, generator: torch.Generator | None,
     finish_reasons: list[str] | None = None, draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None, forced: list[list[bool]] | None = None,
 ) -> Iterator[list[int | None]]:
     """The inference engine on the batch: one row per prompt, each at its own positions in one paged cache.
 
@@ -290,7 +308,8 @@ def _steps(
                 own = generator
                 if own is None and cfg.seed is not None and cfg.temperature > 0:
                     own = torch.Generator(device=device).manual_seed(cfg.seed + i)  # row i: seed + i
-                rows.append(engine.add(Row(list(prompt), cfg, generator=own)))
+                rows.append(engine.add(Row(list(prompt), cfg, generator=own,
+                                           constraint=None if constraints is None else constraints[i])))
         queues: list[list[int]] = [[] for _ in rows]
         given = [0] * len(rows)  # tokens already yielded per row
         while True:
@@ -309,6 +328,8 @@ def _steps(
             yield out
         if finish_reasons is not None:
             finish_reasons[:] = [r.finish_reason for r in rows]
+        if forced is not None:
+            forced[:] = [list(r.forced) for r in rows]
     finally:
         model.train(was_training)
 
@@ -320,6 +341,7 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate for a batch of prompts; returns the new tokens of every row. Arguments as for ``stream``.
@@ -327,9 +349,11 @@ def generate(
     >>> generate(model, [[1, 2, 3], [4]], max_new_tokens=5).rows()  # doctest: +SKIP
     """
     rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
+    _check_constraints(constraints, len(rows))
     reasons = ["length"] * len(rows)
+    forced: list[list[bool]] = [[] for _ in rows]
     per_row: list[list[int]] = [[] for _ in rows]
-    for step in _steps(model, rows, cfg, generator, reasons, draft_model):
+    for step in _steps(model, rows, cfg, generator, reasons, draft_model, constraints, forced):
         for i, tok in enumerate(step):
             if tok is not None:
                 per_row[i].append(tok)
@@ -337,4 +361,4 @@ def generate(
     tokens = torch.full((len(rows), width), cfg.pad_id, dtype=torch.long)
     for i, r in enumerate(per_row):
         tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons)
+    return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons, forced=forced)

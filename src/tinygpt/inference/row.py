@@ -59,6 +59,8 @@ class Row:
     accepted: int = 0
     drafter: Any = None  # its speculative.DraftController, once it drafts
     lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
+    constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
+    forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list
