@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from .common import CommandError, Parser, flag_error
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
 from .eval_command import _add_eval
+from .grpo_commands import _add_arithmetic_task, _add_grpo
 from .lora_commands import _add_merge
 from .serve_command import _add_serve
 from .experiment_commands import _add_experiment
@@ -25,7 +26,7 @@ from .training_commands import _add_prepare, _add_train
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_params, _add_verify, _add_prepare, _add_train, _add_generate, _add_convert, _add_experiment,
-    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_merge, _add_chat, _add_serve, _add_eval,
+    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_grpo, _add_arithmetic_task, _add_merge, _add_chat, _add_serve, _add_eval,
 ]
 
 
