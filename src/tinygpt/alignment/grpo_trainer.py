@@ -121,6 +121,9 @@ def complete(model: GPTModel, tokenizer: Tokenizer, prompts: Sequence[Sequence[i
     ``Calculator`` on every row when ``tool``; texts without the end-of-text token."""
     eot = end_of_text_id(tokenizer)
     room = model.config.context_length - max(len(p) for p in prompts)  # prompt + completion is one training input
+    if room < 1:
+        raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room for a completion in "
+                         f"context_length={model.config.context_length}")
     result = generate(model, [list(p) for p in prompts], max_new_tokens=min(max_new_tokens, room),
                       temperature=temperature, top_k=top_k, seed=seed if temperature > 0 else None, eos_id=eot,
                       pad_id=eot, constraints=[Calculator(tokenizer) for _ in prompts] if tool else None)
