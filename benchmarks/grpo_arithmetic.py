@@ -128,6 +128,27 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
             "total_demo_seconds": sum(seconds.values()) + sum(r["wall_s"] for r in runs) / len(runs)}
 
 
+def draw(result: dict[str, Any], path: str | Path) -> None:
+    """The held-out accuracy (greedy, with the tool) of each seed's run against its GRPO step, from the SFT model's
+    at step 0, as a PNG."""
+    from tinygpt.figures import integer_ticks, new_figure, save_png
+
+    fig = new_figure(7, 3.8)
+    ax = fig.subplots()
+    start = result["sft"]["accuracy_tool"]
+    for run in result["grpo_runs"]:
+        steps, values = zip(*([(0, start)] + [tuple(point) for point in run["curve"]]))
+        ax.plot(steps, values, "o-", label=f"seed {run['seed']}")
+    ax.axhline(result["sft"]["accuracy_no_tool"], color="gray", ls="--", lw=1, label="SFT model, no tool")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("held-out accuracy (greedy, tool)")
+    ax.set_ylim(0, 1)
+    integer_ticks(ax.xaxis)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_png(fig, Path(path))
+
+
 def table(result: dict[str, Any]) -> str:
     rows = [{"model": "SFT (before GRPO)", "tool": result["sft"]["accuracy_tool"],
              "no_tool": result["sft"]["accuracy_no_tool"]}]
@@ -156,9 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the throughput timing")
+    parser.add_argument("--figure", help="draw the accuracy curves into this PNG")
     args = parser.parse_args(argv)
-    return run_and_report(parser, lambda: measure(Path(args.out), args.quick, args.seeds, args.grpo_steps,
-                                                   args.repeats), table, args.json)
+
+    def compute() -> dict[str, Any]:
+        result = measure(Path(args.out), args.quick, args.seeds, args.grpo_steps, args.repeats)
+        if args.figure:
+            draw(result, args.figure)
+        return result
+
+    return run_and_report(parser, compute, table, args.json)
 
 
 if __name__ == "__main__":

@@ -108,9 +108,13 @@ def split_of(template: str, numbers: tuple[int, ...]) -> str:
     return "test" if zlib.crc32(key) % TEST_SHARE == 0 else "train"
 
 
-def make_problems(n: int, *, levels: tuple[int, ...] = (1, 2), seed: int = 0, split: str | None = None
-                  ) -> list[Problem]:
-    """``n`` distinct problems (levels drawn uniformly from ``levels``), only of ``split`` when given."""
+def make_problems(n: int, *, levels: tuple[int, ...] = (1, 2), seed: int = 0, split: str | None = None,
+                  direct_share: float = 0.0) -> list[Problem]:
+    """``n`` distinct problems (levels drawn uniformly from ``levels``), only of ``split`` when given. A
+    ``direct_share`` of them have the bare ``Answer: N`` as their solution, without the calculator calls: an SFT
+    model trained on them answers some problems by heart, which GRPO can teach it not to do."""
+    if not 0.0 <= direct_share <= 1.0:
+        raise ValueError(f"direct_share={direct_share!r} must be in [0, 1]")
     for level in levels:
         if level not in TEMPLATES:
             raise ValueError(f"level {level!r} is not one of {sorted(TEMPLATES)}")
@@ -130,18 +134,22 @@ def make_problems(n: int, *, levels: tuple[int, ...] = (1, 2), seed: int = 0, sp
         if question in seen or (split is not None and where != split):
             continue
         seen.add(question)
-        problems.append(Problem(question, _solution(steps), steps[-1][1], level, where))
+        direct = rng.random() < direct_share
+        output = f"Answer: {steps[-1][1]}" if direct else _solution(steps)
+        problems.append(Problem(question, output, steps[-1][1], level, where))
     raise ValueError(f"only {len(problems)} distinct problems of levels {levels} found; asked for {n}")
 
 
 def write_task(out_dir: str | Path, *, train: int = 2000, test: int = 200, levels: tuple[int, ...] = (1, 2),
-               seed: int = 0) -> dict[str, Path]:
-    """Write ``train.jsonl``, ``test.jsonl`` and ``corpus.txt`` (each atomically) into ``out_dir``; their paths."""
+               seed: int = 0, direct_share: float = 0.0) -> dict[str, Path]:
+    """Write ``train.jsonl``, ``test.jsonl`` and ``corpus.txt`` (each atomically) into ``out_dir``; their paths.
+    ``direct_share``: of the training solutions (``make_problems``); the test solutions are all worked."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, n in (("train", train), ("test", test)):
-        problems = make_problems(n, levels=levels, seed=seed + (split == "test"), split=split)
+        problems = make_problems(n, levels=levels, seed=seed + (split == "test"), split=split,
+                                 direct_share=direct_share if split == "train" else 0.0)
         lines = [json.dumps({k: v for k, v in asdict(p).items() if k != "split"}) for p in problems]
         paths[split] = out / f"{split}.jsonl"
         atomic_write_text(paths[split], "\n".join(lines) + "\n")

@@ -51,6 +51,8 @@ def _add_arithmetic_task(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2], choices=[1, 2, 3],
                    help="operations per problem (default: 1 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
+    p.add_argument("--direct-share", type=float, default=0.0, metavar="X",
+                   help="share of training solutions that give the bare answer without calculator calls (default: 0)")
     p.set_defaults(run=_run_arithmetic_task)
 
 
@@ -60,6 +62,8 @@ def _run_arithmetic_task(args: argparse.Namespace) -> int:
 
     checks.positive_int("train", args.train)
     checks.positive_int("test", args.test)
-    paths = write_task(args.out, train=args.train, test=args.test, levels=tuple(args.levels), seed=args.seed)
+    checks.number_in_range("direct_share", args.direct_share, 0, 1)
+    paths = write_task(args.out, train=args.train, test=args.test, levels=tuple(args.levels), seed=args.seed,
+                       direct_share=args.direct_share)
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
