@@ -30,10 +30,12 @@ import torch
 
 from .common import format_table, machine_cores, run_and_report, time_interleaved
 
-FULL = dict(train=3000, test=200, levels=["1", "2"], layers=2, heads=4, emb=128, context=128, pretrain_steps=600,
-            pretrain_batch=16, sft_steps=150, grpo_steps=40, prompts=8, group=8, new_tokens=24, eval_limit=200)
-QUICK = dict(train=60, test=8, levels=["1"], layers=1, heads=2, emb=32, context=96, pretrain_steps=4,
-             pretrain_batch=4, sft_steps=2, grpo_steps=2, prompts=2, group=3, new_tokens=8, eval_limit=8)
+FULL = dict(train=1000, test=100, levels=["1"], direct_share="0.5", layers=2, heads=2, emb=64, context=96,
+            pretrain_steps=700, pretrain_batch=16, sft_steps=100, grpo_steps=30, grpo_lr="5e-4", prompts=8, group=8,
+            new_tokens=20, eval_limit=100)
+QUICK = dict(train=60, test=8, levels=["1"], direct_share="0.5", layers=1, heads=2, emb=32, context=96,
+             pretrain_steps=4, pretrain_batch=4, sft_steps=2, grpo_steps=2, grpo_lr="5e-4", prompts=2, group=3,
+             new_tokens=8, eval_limit=8)
 
 
 def _run(argv: list[str]) -> float:
@@ -86,7 +88,7 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
     common = ["--no-progress", "--force"]
     commands: dict[str, list[str]] = {
         "task": ["arithmetic-task", "--out", str(task), "--train", str(s["train"]), "--test", str(s["test"]),
-                 "--levels", *s["levels"]],
+                 "--levels", *s["levels"], "--direct-share", s["direct_share"]],
         "pretrain": ["train", "--data", str(task / "corpus.txt"), "--tokenizer", "bpe:512", "--out", str(base),
                      "--n-layers", str(s["layers"]), "--n-heads", str(s["heads"]), "--emb-dim", str(s["emb"]),
                      "--context-length", str(s["context"]), "--batch-size", str(s["pretrain_batch"]),
@@ -105,7 +107,7 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
         argv = ["grpo", "--model", str(sft), "--data", str(task / "train.jsonl"), "--eval-data",
                 str(task / "test.jsonl"), "--eval-limit", str(s["eval_limit"]), "--out", str(run_dir),
                 "--max-steps", str(s["grpo_steps"]), "--batch-size", str(s["prompts"]), "--group-size",
-                str(s["group"]), "--max-new-tokens", str(s["new_tokens"]), "--lr", "2e-4", "--eval-every",
+                str(s["group"]), "--max-new-tokens", str(s["new_tokens"]), "--lr", s["grpo_lr"], "--eval-every",
                 str(max(1, s["grpo_steps"] // 4)), "--seed", str(seed), *common]
         wall = _run(argv)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
