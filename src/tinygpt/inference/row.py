@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # generation imports the engine, which imports this module
-    from ..generation import GenerationConfig
+from .sampling_params import GenerationConfig
 
 _ids = itertools.count()
 
@@ -36,10 +35,10 @@ class Row:
     fed, so a decoding row has exactly one pending token."""
 
     tokens: list[int]
-    config: "GenerationConfig | None" = None  # None: a scoring row
+    config: GenerationConfig | None = None  # None: a scoring row
     scored: int = 0  # scoring rows: the last ``scored`` tokens are scored (the window is tokens[:-1])
     generator: torch.Generator | None = None
-    want_logits: bool = False  # hand each drawn token's raw logits to the caller (log-probabilities)
+    want_logits: bool = False  # hand each drawn (or scored) token's raw logits to the caller (log-probabilities)
     reuse: bool = True  # may take cached prefix blocks
     adapter: int = -1  # which attached LoRA adapter (multi_lora) the row runs with; -1: the base model
     tag: Any = None  # the caller's handle

@@ -14,13 +14,13 @@ from typing import ContextManager, Sequence
 import torch
 from torch import nn
 
-from ..kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache
 from ..multi_lora import use_adapters
 from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
 from .row import Row
-from .speculative import verify as speculative_verify
+from .acceptance import verify as speculative_verify
 
 
 def feed_of(row: Row, n: int) -> list[int]:
@@ -66,7 +66,7 @@ class ModelRunner:
         ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
-            logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
+            logits = self.model(idx, cache=self.cache, pos=batch)[0]  # [M, V]: only the tokens that need them
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
         start = 0
         for i in order:
@@ -97,5 +97,5 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
 def verify(row: Row, logits: torch.Tensor) -> list[int]:
     """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
     drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
-    rule with the row's own generator (exactly the target's distribution): ``speculative.verify``."""
+    rule with the row's own generator (exactly the target's distribution): ``acceptance.verify``."""
     return speculative_verify(logits.float(), row.tokens, row.draft, row.config, generator=row.generator)
