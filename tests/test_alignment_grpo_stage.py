@@ -18,7 +18,7 @@ from tinygpt.alignment.grpo_trainer import GRPOConfig, GRPOStage, complete
 from tinygpt.alignment.verifiers import RewardScorer
 from tinygpt.cli import main
 from tinygpt.tokenizer import BPETokenizer
-from tinygpt.tools import Calculator
+from tinygpt.tools import Calculator, tool_output
 from tinygpt.training import run_stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -142,3 +142,24 @@ def test_cli_grpo_on_the_shipped_task(tmp_path, task_tokenizer, capsys):
     with pytest.raises(SystemExit):
         main(["grpo", *common, "--loss-type", "ppo"])
     assert "invalid choice: 'ppo' (choose from 'grpo', 'dapo', 'dr_grpo')" in capsys.readouterr().err
+
+
+def test_the_calculator_answers_in_chat(task_tokenizer, monkeypatch):
+    import re
+
+    from tinygpt.alignment import chat as chat_module
+    from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE
+
+    class NeverEnding(_CallingCalculator):  # end-of-text disallowed: the answer runs its 40 tokens
+        def allowed(self):
+            return self.mask & (torch.arange(len(self.mask)) != self.tokenizer.eot_id)
+
+    monkeypatch.setattr(chat_module, "Calculator", NeverEnding)
+    tokenizer = task_tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
+    pieces: list[str] = []
+    chat_module.chat(_model(tokenizer).eval(), tokenizer, ["What is 4*12?"], pieces.append, tool=True,
+                     max_new_tokens=40, temperature=1.0, seed=3)
+    text = "".join(pieces)
+    calls = re.findall(r"<<([0-9+<]*)=([^>]*)>>", text)
+    assert calls, text  # the tool answered inside the streamed answer, with the calculator's own result
+    assert all(result + ">>" == tool_output(expression) for expression, result in calls), calls

@@ -45,6 +45,7 @@ class ChatOptions(ModelOptions):
                                    "\\t tab, \\\\ backslash, \\xHH, \\uHHHH (so --stop '\\n\\n' is a blank line); "
                                    "generation also stops at the end-of-text token", metavar="TEXT",
                              action="append", escapes=True, default_help=None)
+    tool: bool = option(False, "let the answers call the calculator (<<4*12= -> 48>>, as tinygpt grpo trains)")
 
     def check(self) -> None:
         super().check()

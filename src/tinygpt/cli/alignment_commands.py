@@ -147,5 +147,5 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     with autocast(device, options.dtype):
         chat(model, tokenizer, sys.stdin, write, settings, prompt_marker="> " if sys.stdin.isatty() else "",
-             report_error=report_error, stop_texts=options.stop)
+             report_error=report_error, stop_texts=options.stop, tool=options.tool)
     return 0
