@@ -5,8 +5,9 @@
 Every stage is the command a user types (``tinygpt.cli.main`` with the arguments printed in the table), in order:
 
 1. ``tinygpt arithmetic-task``: the shipped generated task (train / test split by construction);
-2. ``tinygpt train`` on the task's worked solutions (``corpus.txt``): a byte-level BPE and a small model from scratch;
-3. ``tinygpt sft`` on the training problems: the Alpaca prompt, the calculator's call syntax, end-of-text;
+2. ``tinygpt train`` on the task's solutions (``corpus.txt``), a few steps: a byte-level BPE and a small model;
+3. ``tinygpt sft`` on the training problems (most of the learning: the Alpaca prompt, the calculator's call syntax,
+   end-of-text; half the solutions give the answer by heart, ``--direct-share 0.5``);
 4. ``tinygpt grpo`` from the SFT model, once per seed, with the calculator (its output forced and masked).
 
 Measured: held-out accuracy (greedy) of the SFT model and of each GRPO run, with the tool and without it (the model
@@ -31,11 +32,11 @@ import torch
 from .common import format_table, machine_cores, run_and_report, time_interleaved
 
 FULL = dict(train=1000, test=100, levels=["1"], direct_share="0.5", layers=2, heads=2, emb=64, context=96,
-            pretrain_steps=700, pretrain_batch=16, sft_steps=100, grpo_steps=30, grpo_lr="5e-4", prompts=8, group=8,
-            new_tokens=20, eval_limit=100)
+            pretrain_steps=20, pretrain_batch=16, sft_steps=800, sft_lr="3e-3", grpo_steps=30, grpo_lr="5e-4",
+            prompts=8, group=8, new_tokens=20, eval_limit=100)
 QUICK = dict(train=60, test=8, levels=["1"], direct_share="0.5", layers=1, heads=2, emb=32, context=96,
-             pretrain_steps=4, pretrain_batch=4, sft_steps=2, grpo_steps=2, grpo_lr="5e-4", prompts=2, group=3,
-             new_tokens=8, eval_limit=8)
+             pretrain_steps=4, pretrain_batch=4, sft_steps=2, sft_lr="1e-3", grpo_steps=2, grpo_lr="5e-4", prompts=2,
+             group=3, new_tokens=8, eval_limit=8)
 
 
 def _run(argv: list[str]) -> float:
@@ -95,7 +96,7 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
                      "--max-steps", str(s["pretrain_steps"]), "--warmup-steps", "20", "--lr", "3e-3",
                      "--eval-every", str(s["pretrain_steps"]), "--eval-iters", "2", "--sample-tokens", "0", *common],
         "sft": ["sft", "--model", str(base), "--data", str(task / "train.jsonl"), "--out", str(sft),
-                "--max-steps", str(s["sft_steps"]), "--batch-size", "16", "--lr", "1e-3", "--eval-every",
+                "--max-steps", str(s["sft_steps"]), "--batch-size", "16", "--lr", s["sft_lr"], "--eval-every",
                 str(s["sft_steps"]), "--val-fraction", "0.02", *common],
     }
     seconds = {name: _run(argv) for name, argv in commands.items()}
