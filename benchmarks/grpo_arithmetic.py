@@ -32,7 +32,7 @@ import torch
 from .common import format_table, machine_cores, run_and_report, time_interleaved
 
 FULL = dict(train=1000, test=100, levels=["1"], direct_share="0.5", layers=2, heads=2, emb=64, context=96,
-            pretrain_steps=20, pretrain_batch=16, sft_steps=800, sft_lr="3e-3", grpo_steps=30, grpo_lr="5e-4",
+            pretrain_steps=20, pretrain_batch=16, sft_steps=800, sft_lr="3e-3", grpo_steps=40, grpo_lr="5e-4",
             prompts=8, group=8, new_tokens=20, eval_limit=100)
 QUICK = dict(train=60, test=8, levels=["1"], direct_share="0.5", layers=1, heads=2, emb=32, context=96,
              pretrain_steps=4, pretrain_batch=4, sft_steps=2, sft_lr="1e-3", grpo_steps=2, grpo_lr="5e-4", prompts=2,
@@ -108,8 +108,8 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
         argv = ["grpo", "--model", str(sft), "--data", str(task / "train.jsonl"), "--eval-data",
                 str(task / "test.jsonl"), "--eval-limit", str(s["eval_limit"]), "--out", str(run_dir),
                 "--max-steps", str(s["grpo_steps"]), "--batch-size", str(s["prompts"]), "--group-size",
-                str(s["group"]), "--max-new-tokens", str(s["new_tokens"]), "--lr", s["grpo_lr"], "--eval-every",
-                str(max(1, s["grpo_steps"] // 4)), "--seed", str(seed), *common]
+                str(s["group"]), "--max-new-tokens", str(s["new_tokens"]), "--lr", s["grpo_lr"], "--warmup-steps",
+                "5", "--eval-every", str(max(1, s["grpo_steps"] // 4)), "--seed", str(seed), *common]
         wall = _run(argv)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         runs.append({"seed": seed, "command": "tinygpt " + " ".join(argv), "wall_s": wall,

@@ -74,7 +74,8 @@ def load_reward_fn(spec: str) -> tuple[str, RewardFunction]:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 -- any import failure is the user's module's: say so in one line
-        raise RewardError(f"--reward-fn {spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err})") from None
+        raise RewardError(f"--reward-fn {spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err})"
+                          ) from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise RewardError(f"--reward-fn {spec!r}: {module_name!r} has no function {attribute!r}")
