@@ -115,6 +115,8 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
         runs.append({"seed": seed, "command": "tinygpt " + " ".join(argv), "wall_s": wall,
                      "step_seconds_median": statistics.median(r["step_seconds"] for r in records),
                      "curve": [(r["step"], r["val_accuracy"]) for r in records if "val_accuracy" in r],
+                     "tool_curve": [(r["step"], r["tool_calls"]) for r in records],
+                     "tool_calls_first_last": [records[0]["tool_calls"], records[-1]["tool_calls"]],
                      **_accuracies(run_dir, test, s["new_tokens"])})
     throughput = _throughput(sft, test, s, repeats)
 
@@ -132,23 +134,28 @@ def measure(out: Path, quick: bool, seeds: list[int], grpo_steps: int | None, re
 
 
 def draw(result: dict[str, Any], path: str | Path) -> None:
-    """The held-out accuracy (greedy, with the tool) of each seed's run against its GRPO step, from the SFT model's
-    at step 0, as a PNG."""
+    """Two panels against the GRPO step, one line per seed: the held-out accuracy (greedy, with the tool; step 0 is
+    the SFT model) and the share of sampled completions that call the calculator; as a PNG."""
     from tinygpt.figures import integer_ticks, new_figure, save_png
 
-    fig = new_figure(7, 3.8)
-    ax = fig.subplots()
+    fig = new_figure(7, 6)
+    top, bottom = fig.subplots(2, 1, sharex=True)
     start = result["sft"]["accuracy_tool"]
     for run in result["grpo_runs"]:
         steps, values = zip(*([(0, start)] + [tuple(point) for point in run["curve"]]))
-        ax.plot(steps, values, "o-", label=f"seed {run['seed']}")
-    ax.axhline(result["sft"]["accuracy_no_tool"], color="gray", ls="--", lw=1, label="SFT model, no tool")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("held-out accuracy (greedy, tool)")
-    ax.set_ylim(0, 1)
-    integer_ticks(ax.xaxis)
-    ax.grid(alpha=0.3)
-    ax.legend()
+        top.plot(steps, values, "o-", label=f"seed {run['seed']}")
+        steps, values = zip(*[tuple(point) for point in run["tool_curve"]])
+        bottom.plot(steps, values, label=f"seed {run['seed']}")
+    top.axhline(result["sft"]["accuracy_no_tool"], color="gray", ls="--", lw=1, label="SFT model, no tool")
+    top.set_ylabel("held-out accuracy\n(greedy, tool)")
+    bottom.set_ylabel("completions that\ncall the tool (sampled)")
+    for ax in (top, bottom):
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("GRPO step")
+        ax.xaxis.set_tick_params(labelbottom=True)
+        integer_ticks(ax.xaxis)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     save_png(fig, Path(path))
 
 
