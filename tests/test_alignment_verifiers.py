@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from tinygpt.alignment.arithmetic import make_problems, split_of
 from tinygpt.alignment.verifiers import (RewardError, RewardScorer, answer_format, exact_answer, extract_answer,
                                          load_reward_fn)
 
@@ -65,16 +64,3 @@ def test_user_functions_load_and_bad_ones_get_one_clear_line():
         assert "\n" not in str(err.value) and fn.__name__ in str(err.value)
     both = RewardScorer([load_reward_fn("exact"), load_reward_fn("format")])
     assert both(["p", "p"], ["Answer: 2", "x Answer: 3"], [{"answer": 2}, {"answer": 2}], ["a", "b"]) == [2.0, 0.5]
-
-
-def test_the_task_splits_by_its_arithmetic_and_solves_itself():
-    train = make_problems(300, levels=(1, 2, 3), seed=1, split="train")
-    test = make_problems(100, levels=(1, 2, 3), seed=2, split="test")
-    assert {p.split for p in train} == {"train"} and {p.split for p in test} == {"test"}
-    assert not {p.instruction for p in train} & {p.instruction for p in test}
-    assert {p.level for p in train} == {1, 2, 3}
-    for p in train + test:  # every worked solution is right, and right by the verifier
-        assert exact_answer("", p.output, {"answer": p.answer}) == 1.0 and answer_format("", p.output, {}) == 1.0
-    assert split_of("_add", (3, 4)) == split_of("_add", (3, 4)) and make_problems(5, seed=1) == make_problems(5, seed=1)
-    with pytest.raises(ValueError, match="level 4"):
-        make_problems(3, levels=(4,))

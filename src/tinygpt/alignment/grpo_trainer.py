@@ -102,7 +102,7 @@ class Rollout:
     rewards: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N]
     correct: float | None  # share of exactly right answers, when the examples have an ``answer``
-    tool_calls: float  # per completion
+    tool_calls: float  # share of completions in which the tool answered at least one call
 
 
 @dataclass(frozen=True)
