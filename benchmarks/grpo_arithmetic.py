@@ -12,8 +12,8 @@ Every stage is the command a user types (``tinygpt.cli.main`` with the arguments
 
 Measured: held-out accuracy (greedy) of the SFT model and of each GRPO run, with the tool and without it (the model
 then writes its calls' results itself); the mean and the spread over the seeds; the rollout throughput of one GRPO
-batch (prompts x G completions) through the engine together against the same completions drawn one by one, timed
-interleaved; the median seconds per GRPO step (the loop's ``step_seconds``: rollout + updates); the wall time of
+batch (prompts x G completions) through the engine together (with and without the G rows of a prompt sharing its
+cached prefix blocks) against the same completions drawn one by one, timed interleaved; the median seconds per GRPO step (the loop's ``step_seconds``: rollout + updates); the wall time of
 each stage. ``--quick`` is a seconds-long smoke configuration (tests/test_benchmarks_grpo.py).
 """
 
@@ -71,12 +71,15 @@ def _throughput(model_dir: Path, examples: list[dict[str, Any]], s: dict[str, An
     rows = [p for p in prompts for _ in range(s["group"])]
     settings = dict(max_new_tokens=s["new_tokens"], temperature=1.0)
     together = lambda: complete(model, tokenizer, rows, seed=7, **settings)  # noqa: E731
+    unshared = lambda: complete(model, tokenizer, rows, seed=7, share_prefix=False, **settings)  # noqa: E731
     alone = lambda: [complete(model, tokenizer, [r], seed=7 + i, **settings) for i, r in enumerate(rows)]  # noqa
-    same = together().tokens == [a.tokens[0] for a in alone()]
-    times = time_interleaved({"engine": together, "one_by_one": alone}, warmup=1, repeats=repeats)
+    same = together().tokens == [a.tokens[0] for a in alone()] == unshared().tokens
+    times = time_interleaved({"engine": together, "engine_no_prefix_sharing": unshared, "one_by_one": alone},
+                             warmup=1, repeats=repeats)
     n = len(rows)
     return {"completions": n, "same_completions": same,
             "engine_completions_per_s": n / times["engine"]["median_s"],
+            "engine_no_prefix_sharing_completions_per_s": n / times["engine_no_prefix_sharing"]["median_s"],
             "one_by_one_completions_per_s": n / times["one_by_one"]["median_s"],
             "engine_speedup": times["one_by_one"]["median_s"] / times["engine"]["median_s"], "times": times}
 
@@ -170,7 +173,8 @@ def table(result: dict[str, Any]) -> str:
     t = result["throughput"]
     lines = [format_table(rows, [("model", "model"), ("tool", "accuracy, tool"), ("no_tool", "accuracy, no tool"),
                                  ("step", "s / GRPO step")]), "",
-             f"rollout of {t['completions']} completions: engine {t['engine_completions_per_s']:.1f}/s, one by one "
+             f"rollout of {t['completions']} completions: engine {t['engine_completions_per_s']:.1f}/s (without "
+             f"prefix sharing {t['engine_no_prefix_sharing_completions_per_s']:.1f}/s), one by one "
              f"{t['one_by_one_completions_per_s']:.1f}/s ({t['engine_speedup']:.2f}x; same completions: "
              f"{t['same_completions']})",
              "stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in result["stage_seconds"].items())

@@ -115,18 +115,24 @@ class Completions:
 
 
 def complete(model: GPTModel, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, top_k: int | None = None, seed: int | None = None, tool: bool = True
-             ) -> Completions:
+             temperature: float = 0.0, top_k: int | None = None, seed: int | None = None, tool: bool = True,
+             share_prefix: bool = True) -> Completions:
     """Completions of ``prompts`` through the engine (row i seeded ``seed + i``), stopping at end-of-text, with a
-    ``Calculator`` on every row when ``tool``; texts without the end-of-text token."""
+    ``Calculator`` on every row when ``tool``; texts without the end-of-text token. ``share_prefix``: admit the
+    rows a prompt at a time so repeated prompts (a GRPO group) share their cached prefix blocks; the tokens are the
+    same either way (the engine's rows do not depend on its schedule)."""
     eot = end_of_text_id(tokenizer)
     room = model.config.context_length - max(len(p) for p in prompts)  # prompt + completion is one training input
     if room < 1:
         raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room for a completion in "
                          f"context_length={model.config.context_length}")
+    # A token budget of one prompt per forward: the first copy of a prompt is prefilled alone, its full blocks enter
+    # the prefix cache, and its G - 1 siblings admitted at the next steps take them instead of recomputing them.
+    budget = max(len(prompts), max(len(p) for p in prompts)) if share_prefix else None
     result = generate(model, [list(p) for p in prompts], max_new_tokens=min(max_new_tokens, room),
                       temperature=temperature, top_k=top_k, seed=seed if temperature > 0 else None, eos_id=eot,
-                      pad_id=eot, constraints=[Calculator(tokenizer) for _ in prompts] if tool else None)
+                      pad_id=eot, token_budget=budget,
+                      constraints=[Calculator(tokenizer) for _ in prompts] if tool else None)
     tokens = result.rows()
     forced = [list(f) for f in result.forced] if result.forced else [[False] * len(t) for t in tokens]
     texts = [tokenizer.decode([t for t in row if t != eot]) for row in tokens]
