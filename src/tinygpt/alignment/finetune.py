@@ -50,11 +50,12 @@ class FinetuneStage(Stage):
         check_memory(self.policy.config, 0, self.device, what=f"{self.name} fine-tuning")
 
     def export(self, model: GPTModel, run_dir: Path) -> None:
-        """The finished model into ``run_dir``: a checkpoint's files, or with LoRA the adapter (naming its base)."""
+        """The finished model into ``run_dir``: a checkpoint's files, or with LoRA the adapter (naming its base) and
+        the tokenizer with the stage's chat template, so the adapter folder chats as a checkpoint does."""
         if is_adapted(model):
             from ..interop.peft import save_adapter
 
-            save_adapter(model, run_dir)
+            save_adapter(model, run_dir, tokenizer=self.tokenizer)
             return
         super().export(model, run_dir)
 

@@ -134,7 +134,8 @@ def _run_chat(args: argparse.Namespace) -> int:
     options.check()
     settings = sampling_config(args, "chat")  # checked before the model is loaded
     device = resolve_device(options.device)
-    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device)
+    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device,
+                                       base=options.base)
     if tokenizer is None:
         raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
 

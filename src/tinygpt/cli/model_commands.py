@@ -120,7 +120,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
     settings = sampling_config(args, "generate")  # checked before the model is loaded
     device = resolve_device(options.device)
-    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device)
+    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device,
+                                       base=options.base)
     if tokenizer is None:
         raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
     if not tokenizer.encode(prompt):

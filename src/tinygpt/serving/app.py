@@ -188,10 +188,10 @@ async def chat_completions(request: Request) -> Response:
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
-    # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
-    # Completion). Off the loop: a long text.
+    # the chat template of the model asked for: an adapter's own folder's (the one it was fine-tuned in), else the
+    # base checkpoint's; none: 400 (the page offers Completion). Off the loop: a long text.
     try:
-        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages)
+        ids, template_stops = await asyncio.to_thread(chat_prompt, state.chat_tokenizer(adapter), req.messages)
     except ValueError as err:
         raise bad("messages", str(err)) from None
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
@@ -259,7 +259,7 @@ def _model_card(state: ServerState, adapter: int = -1) -> dict[str, Any]:
     return {"id": state.served_name(adapter), "object": "model", "created": state.created, "owned_by": "tinygpt",
             **lineage, "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
             "n_heads": state.model.config.n_heads,
-            "has_chat_template": getattr(state.tokenizer, "chat_template", None) is not None}  # the page's Chat tab
+            "has_chat_template": getattr(state.chat_tokenizer(adapter), "chat_template", None) is not None}  # Chat tab
 
 
 async def list_models(request: Request) -> Response:

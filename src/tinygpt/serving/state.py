@@ -137,6 +137,9 @@ class ServerState:
         self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
         self.model_name = options.served_name
         self.adapters = attach_served_adapters(model, options.adapters)  # the adapters' names, by index
+        # each adapter's tokenizer for chat: its folder's chat template (a fine-tuning run saves the one it trained
+        # in) over the base's tokenizer, else the base's own
+        self.adapter_tokenizers = [adapter_chat_tokenizer(tokenizer, d) for d in options.adapters.values()]
         self.speculative = "draft" if draft_model is not None and options.speculative == "off" else options.speculative
         self.draft_model = self._draft(draft_model)
         self.context = model.config.context_length
@@ -223,6 +226,10 @@ class ServerState:
         have = ", ".join(repr(n) for n in self.model_names)
         raise APIError(404, f"the model {name!r} does not exist; this server has {have}", param="model",
                        code="model_not_found")
+
+    def chat_tokenizer(self, adapter: int) -> TextCodec:
+        """The tokenizer whose chat template a chat request for ``adapter`` (-1: the base) is rendered with."""
+        return self.tokenizer if adapter < 0 else self.adapter_tokenizers[adapter]
 
     def served_name(self, adapter: int) -> str:
         """The id an answer names: the base's, or its adapter's."""
@@ -386,6 +393,16 @@ def attach_served_adapters(model: nn.Module, adapters: dict[str, str]) -> list[s
         return attach_adapters(model, parts)
     except ValueError as err:
         raise ValueError(f"--adapter: {err}") from None
+
+
+def adapter_chat_tokenizer(tokenizer: TextCodec, directory: str) -> TextCodec:
+    """``tokenizer`` with the chat template saved in the adapter folder ``directory``, when there is one there."""
+    from ..chat_template import read_chat_template
+
+    template = read_chat_template(directory)
+    if template is None or not hasattr(tokenizer, "with_chat_template"):
+        return tokenizer
+    return tokenizer.with_chat_template(template)
 
 
 async def _disconnected(request: Request) -> None:
