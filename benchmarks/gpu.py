@@ -113,14 +113,14 @@ def decode_greedy(model: GPTModel, config: GPTConfig, prompt: torch.Tensor, *, n
     ids = [prompt]
     _sync(device)
     start = time.perf_counter()
-    logits = model(prompt, cache=cache, start_pos=0, last_only=True)  # [B, 1, V]
+    logits = model(prompt, cache=cache, pos=0, last_only=True)  # [B, 1, V]
     next_id = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
     _sync(device)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     for pos in range(t, t + new_tokens - 1):
         ids.append(next_id)
-        logits = model(next_id, cache=cache, start_pos=pos, last_only=True)  # [B, 1, V]
+        logits = model(next_id, cache=cache, pos=pos, last_only=True)  # [B, 1, V]
         next_id = logits[:, -1].argmax(-1, keepdim=True)
     ids.append(next_id)
     _sync(device)

@@ -113,8 +113,8 @@ def test_shift_never_exceeds_the_context_and_matches_its_definition(keep):
     forward = model.forward
 
     def recording_forward(idx, **kwargs):
-        batch = kwargs.get("batch")  # the engine's packed rows: each token's own position in its row
-        widest.append(int(batch.positions.max()) + 1 if batch is not None else kwargs.get("start_pos", 0) + idx.shape[1])
+        batch = kwargs.get("pos")  # the engine's packed rows: each token's own position in its row
+        widest.append(int(batch.positions.max()) + 1 if batch is not None else idx.shape[1])
         return forward(idx, **kwargs)
 
     model.forward = recording_forward
@@ -244,3 +244,15 @@ def test_bad_types_are_type_errors():
         generate(_model(), [1], {"temperature": 1.0})
     with pytest.raises(TypeError, match="Generator"):
         generate(_model(), [1], generator=7)
+
+
+def test_a_row_generator_is_seeded_with_seed_plus_row_and_greedy_rows_have_none():
+    from tinygpt.inference.sampling_params import GenerationConfig as Leaf
+
+    assert Leaf is GenerationConfig  # generation re-exports the engine's leaf
+    assert GenerationConfig().greedy and GenerationConfig(seed=3).row_generator() is None
+    sampled = GenerationConfig(temperature=0.7, seed=3)
+    assert not sampled.greedy and sampled.replace(seed=None).row_generator() is None
+    draws = [torch.rand(4, generator=sampled.row_generator("cpu", row)) for row in (0, 1, 1)]
+    assert torch.equal(draws[0], torch.rand(4, generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(draws[1], draws[2]) and not torch.equal(draws[0], draws[1])

@@ -59,14 +59,14 @@ def test_a_packed_step_over_short_and_long_rows_equals_each_row_alone(variant):
         # fill the cache: each row's earlier tokens as one span starting at 0
         for tokens, table, cached in zip(prompts + [span], tables, lengths + [8]):
             fill = [RowSlice(0, cached, table, [])]
-            model(torch.tensor([tokens[:cached]]), cache=cache, batch=build_batch(fill, bs, "cpu"))
+            model(torch.tensor([tokens[:cached]]), cache=cache, pos=build_batch(fill, bs, "cpu"))
         step = [RowSlice(n, 1, t, [0]) for n, t in zip(lengths, tables[:4])] + [RowSlice(8, 4, tables[4], [3])]
         order = pack_order(step)
         feeds = [p[-1:] for p in prompts] + [span[8:]]
         ids = [t for i in order for t in feeds[i]]
         batch = build_batch(step, bs, "cpu")
         assert len(batch.decode_groups) == 2
-        logits = model(torch.tensor([ids]), cache=cache, batch=batch)[0]  # [5, V], in packed order
+        logits = model(torch.tensor([ids]), cache=cache, pos=batch)[0]  # [5, V], in packed order
         for j, i in enumerate(order):
             tokens = (prompts + [span])[i]
             torch.testing.assert_close(logits[j], model(torch.tensor([tokens]))[0, -1], rtol=1e-10, atol=1e-10)

@@ -155,7 +155,7 @@ def test_a_batched_forward_that_raises_is_retried_row_by_row_and_only_the_bad_ro
     forward = model.forward
 
     def fragile(idx, **kwargs):  # fails on any batch that holds a 17-token span: one row's prompt
-        if any(span.length == 17 for span in kwargs["batch"].spans):
+        if any(span.length == 17 for span in kwargs["pos"].spans):
             raise RuntimeError("out of memory (simulated)")
         return forward(idx, **kwargs)
 

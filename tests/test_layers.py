@@ -163,28 +163,18 @@ def test_causal_mask_of_a_chunk_after_cached_keys_is_relative_to_absolute_positi
     assert causal_mask(3, 2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
 
 
-def test_causal_mask_with_padding_hides_padding_keys_but_lets_every_query_see_itself():
-    from tinygpt.layers import causal_mask
-
-    key_mask = torch.tensor([[True, True, True], [False, False, True]])  # row 1: two left-padding positions
-    allowed = causal_mask(0, 3, 3, key_mask)
-    assert allowed.shape == (2, 1, 3, 3)
-    assert allowed[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
-    # the padding queries see only themselves (softmax over no key at all would be NaN); the real one, itself only
-    assert allowed[1, 0].tolist() == [[True, False, False], [False, True, False], [False, False, True]]
-
-
-def test_blocks_take_one_positions_object_and_their_layers_cache():
+def test_blocks_attend_through_their_layers_cache():
     from tinygpt import KVCache
-    from tinygpt.layers import Positions
 
     config = get_config("tiny")
     block = TransformerBlock(config).eval()
     x = torch.randn(1, 5, config.emb_dim)
     cache = KVCache(config, 1)
     with torch.no_grad():
-        first = block(x[:, :3], Positions(), cache.layers[0])
-        rest = block(x[:, 3:], Positions(start=3), cache.layers[0])
+        cache.layers[0].start = 0
+        first = block(x[:, :3], None, cache.layers[0])
+        cache.layers[0].start = 3  # what ``KVCache.begin(idx, 3)`` sets for every layer
+        rest = block(x[:, 3:], None, cache.layers[0])
         whole = block(x)
     torch.testing.assert_close(torch.cat((first, rest), 1), whole, rtol=0, atol=1e-6)
     assert torch.count_nonzero(cache.keys[0][:, :, :5]) > 0 and torch.count_nonzero(cache.keys[1]) == 0

@@ -32,7 +32,7 @@ def test_rope_rotates_pairs_and_scores_depend_on_offsets_only():
 
 
 @pytest.mark.parametrize("prefill", [1, 4, 9])
-def test_rope_with_cache_at_any_start_pos_equals_the_full_forward(prefill):
+def test_rope_with_cache_at_any_pos_equals_the_full_forward(prefill):
     config = llama_config(qkv_bias=True, bias=True)
     model = GPTModel(config).double().eval()
     idx = torch.randint(0, config.vocab_size, (2, 14))
@@ -42,20 +42,8 @@ def test_rope_with_cache_at_any_start_pos_equals_the_full_forward(prefill):
         parts = [model(idx[:, :prefill], cache=cache)]
         pos = prefill
         for step in (1, 3, 1):  # decode steps of several lengths
-            parts.append(model(idx[:, pos:pos + step], cache=cache, start_pos=pos))
+            parts.append(model(idx[:, pos:pos + step], cache=cache, pos=pos))
             pos += step
     torch.testing.assert_close(torch.cat(parts, 1), full[:, :pos], rtol=0, atol=1e-12)
 
 
-def test_rope_uses_per_row_positions_of_a_left_padded_batch():
-    config = llama_config()
-    model = GPTModel(config).double().eval()
-    short, long = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 2, 3, 4, 9]])
-    pad = long.shape[1] - short.shape[1]
-    idx = torch.cat((torch.cat((torch.zeros(1, pad, dtype=torch.long), short), 1), long))  # [2, 5]
-    positions = torch.stack((torch.arange(-pad, 3).clamp(min=0), torch.arange(5)))  # [2, 5]
-    key_mask = torch.tensor([[False] * pad + [True] * 3, [True] * 5])
-    with torch.no_grad():
-        batched = model(idx, positions=positions, key_mask=key_mask)
-        torch.testing.assert_close(batched[0, pad:], model(short)[0], rtol=0, atol=1e-12)
-        torch.testing.assert_close(batched[1], model(long)[0], rtol=0, atol=1e-12)

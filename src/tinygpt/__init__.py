@@ -2,11 +2,11 @@
 
 from .config import PRESETS, GPTConfig, get_config
 from .generation import GenerationConfig, GenerationResult, generate, generate_greedy, stream
-from .kv_cache import KVCache
 from .layers import GELU, FeedForward, LayerNorm, MultiHeadAttention, RMSNorm, SwiGLU, TransformerBlock
 from . import fast  # the speed-only kernels and their switch: tinygpt.fast.disabled()
 from .rope import RotaryEmbedding, apply_rope
 from .model import DummyGPTModel, GPTModel
+from .inference.kv_cache import KVCache
 from .params import ParameterCount, count_parameters
 from .text_stream import generate_text, stream_text
 from .checkpoint import load_checkpoint_tokenizer, load_model, save_model

@@ -21,7 +21,6 @@ Speed, cached and uncached, against Hugging Face and LLMs-from-scratch: ``python
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -29,34 +28,16 @@ import torch
 from torch import nn
 
 from . import checks
+from .inference.constraint import RowConstraint
 from .inference.engine import DEFAULT_BLOCK_SIZE, InferenceEngine
 from .inference.row import Row
+from .inference.sampling_params import (  # noqa: F401  (the settings' home; their names stay importable here)
+    OVERFLOW_POLICIES, REPETITION_PENALTY_RANGE, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, GenerationConfig,
+    check_sampling,
+)
 from .inference.speculative import check_draft_model
 
-OVERFLOW_POLICIES = ("slide", "shift", "error")
 DEFAULT_DRAFT_TOKENS = 4  # draft tokens per step with a draft model when speculative_tokens is 0 (= serve's default)
-
-# The sampling ranges where float32 (and bf16) arithmetic stays meaningful: a logit is scaled by at most
-# 1e6 (penalty) x 1e5 (1 / temperature), so any logit below 1e27 stays finite; top_p stays a normal float32 (below
-# ~1e-38 it is subnormal, below ~1e-45 it rounds to 0 and the nucleus would be empty). Outside them a row's
-# probabilities can become NaN (temperature 1e-300, top_p 1e-46, penalty 1e-300 did). The seed is what
-# ``torch.Generator.manual_seed`` takes and what OpenAI's API calls a seed: a signed 64-bit integer.
-TEMPERATURE_RANGE = (1e-5, 1e5)  # or exactly 0: greedy
-TOP_P_RANGE = (1e-8, 1.0)
-REPETITION_PENALTY_RANGE = (1e-6, 1e6)
-SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)
-
-
-def check_sampling(temperature: float, top_p: float, repetition_penalty: float, seed: int | None) -> None:
-    """The sampling settings' ranges (the constants above), shared by ``GenerationConfig``, the CLI and the
-    server's requests; an ``OptionError`` names the first setting out of range."""
-    low, high = TEMPERATURE_RANGE
-    if not (checks.is_number(temperature) and (temperature == 0 or low <= temperature <= high)):
-        raise checks.OptionError("temperature", temperature, f"must be 0 (greedy) or a number in [{low:g}, {high:g}]")
-    checks.number_in_range("top_p", top_p, *TOP_P_RANGE, note="(1 means no nucleus filter)")
-    checks.number_in_range("repetition_penalty", repetition_penalty, *REPETITION_PENALTY_RANGE, note="(1 means none)")
-    if seed is not None and not (checks.is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise checks.OptionError("seed", seed, "must be a signed 64-bit integer: in [-2**63, 2**63 - 1] (or unset)")
 
 
 @torch.no_grad()
@@ -86,77 +67,16 @@ def generate_greedy(
     return idx
 
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How to generate. The defaults are greedy decoding with the cache and the chapter's sliding window.
-
-    ``temperature`` 0 means greedy (argmax); > 0 samples from softmax(logits / T), after ``top_k`` (keep exactly
-    k tokens) and ``top_p`` (nucleus; 1.0 = off). ``repetition_penalty`` > 1 discourages every token already in
-    the row (prompt included; also applies to greedy). ``seed`` makes sampling reproducible. A row finishes when
-    it produces ``eos_id`` or its new tokens end with one of the ``stop`` sequences (both kept in its output); finished
-    rows are padded with ``pad_id``. ``overflow`` / ``shift_keep``: see the module docstring. ``use_cache=False``
-    recomputes the whole window at each step (same policy, same tokens up to float rounding).
-    ``token_budget``: at most this many tokens per forward (prompts are then prefilled in chunks; unset: each
-    prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k draft tokens per forward
-    (greedy: the same tokens; sampled: the same distribution; fewer forwards when the drafts are right): drafts by
-    prompt lookup (the text's own n-grams), or by the ``draft_model`` given to ``generate`` / ``stream``.
-    """
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    eos_id: int | None = None
-    stop: tuple[tuple[int, ...], ...] = field(default=())
-    overflow: str = "slide"
-    shift_keep: int | None = None
-    use_cache: bool = True
-    pad_id: int = 0
-    token_budget: int | None = None
-    speculative_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        checks.non_negative_int("max_new_tokens", self.max_new_tokens)
-        check_sampling(self.temperature, self.top_p, self.repetition_penalty, self.seed)
-        checks.positive_int("top_k", self.top_k, optional=True, note="(unset: no top-k filter)")
-        checks.non_negative_int("eos_id", self.eos_id, optional=True, note="(a token id)")
-        checks.non_negative_int("pad_id", self.pad_id, note="(a token id)")
-        if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):
-            raise ValueError(f"stop must be a list of token-id sequences, got {type(self.stop).__name__}")
-        stops = []
-        for seq in self.stop:
-            if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence) or len(seq) == 0:
-                raise ValueError(f"each stop sequence must be a non-empty list of token ids, got {seq!r}")
-            if not all(checks.is_int(t) and t >= 0 for t in seq):
-                raise ValueError(f"stop sequence {list(seq)} must hold token ids (integers >= 0)")
-            stops.append(tuple(seq))
-        object.__setattr__(self, "stop", tuple(stops))
-        checks.choice("overflow", self.overflow, OVERFLOW_POLICIES)
-        checks.positive_int("shift_keep", self.shift_keep, optional=True, note="(unset: C // 2)")
-        checks.boolean("use_cache", self.use_cache)
-        checks.positive_int("token_budget", self.token_budget, optional=True, note="(unset: no limit)")
-        checks.non_negative_int("speculative_tokens", self.speculative_tokens, note="(0 means off)")
-
-    def replace(self, **overrides: Any) -> "GenerationConfig":
-        """A copy with some fields changed (validated again); an unknown name is a ``ValueError``."""
-        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            allowed = ", ".join(f.name for f in dataclasses.fields(self))
-            raise ValueError(f"unknown generation setting(s) {', '.join(unknown)}; allowed: {allowed}")
-        return dataclasses.replace(self, **overrides)
-
-
 @dataclass
 class GenerationResult:
     """What ``generate`` returns. ``tokens`` [B, N]: the new tokens of each row (N = the longest row's count),
     ``pad_id`` after a row finished; ``lengths[i]``: row i's real new tokens; ``finish_reasons[i]``: "eos",
-    "stop" or "length"."""
+    "stop" or "length"; ``forced[i][j]``: whether row i's j-th new token was forced by its constraint."""
 
     tokens: torch.Tensor
     lengths: list[int]
     finish_reasons: list[str]
+    forced: list[list[bool]] = field(default_factory=list)
 
     def rows(self) -> list[list[int]]:
         """The new tokens of each row without padding."""
@@ -223,6 +143,7 @@ def stream(
     *,
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None,
     **overrides: Any,
 ) -> Iterator[list[int | None]]:
     """Yield, at every step, the new token of each row (``None`` for rows that already finished).
@@ -230,11 +151,25 @@ def stream(
     prompts: [T] or [B, T] ids, or a list of B id lists of any lengths. Settings come from ``config`` and
     ``overrides`` (``GenerationConfig`` fields). ``draft_model``: a small model sharing the tokenizer that drafts
     ``speculative_tokens`` tokens per step (``DEFAULT_DRAFT_TOKENS`` when that is 0) instead of prompt lookup; the
-    same tokens for greedy rows, the same distribution for sampled ones. Everything is checked before the first
+    same tokens for greedy rows, the same distribution for sampled ones. ``constraints``: one per prompt (or None),
+    each a ``RowConstraint`` that masks the row's draws and may force tokens (``inference.constraint``); a
+    constrained row does not draft. Everything is checked before the first
     step; the model is in eval mode while the iterator runs and goes back to its mode when it ends or is closed.
     """
     rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
-    return _steps(model, rows, cfg, generator, draft_model=draft_model)
+    _check_constraints(constraints, len(rows))
+    return _steps(model, rows, cfg, generator, draft_model=draft_model, constraints=constraints)
+
+
+def _check_constraints(constraints: object, n: int) -> None:
+    if constraints is None:
+        return
+    if not isinstance(constraints, Sequence) or len(constraints) != n:
+        raise ValueError(f"constraints must be a list of {n} entries (one per prompt, each a RowConstraint or None)")
+    bad = next((c for c in constraints if c is not None and not isinstance(c, RowConstraint)), None)
+    if bad is not None:
+        raise TypeError(f"a constraint must have allowed(), advance(token) and is_done() (inference.constraint."
+                        f"RowConstraint), got {type(bad).__name__}")
 
 
 def _prepare(
@@ -264,6 +199,7 @@ def _prepare(
 def _steps(
     model: nn.Module, prompts: list[list[int]], cfg: GenerationConfig, generator: torch.Generator | None,
     finish_reasons: list[str] | None = None, draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None, forced: list[list[bool]] | None = None,
 ) -> Iterator[list[int | None]]:
     """The inference engine on the batch: one row per prompt, each at its own positions in one paged cache.
 
@@ -287,10 +223,9 @@ def _steps(
                                      speculative_tokens=cfg.speculative_tokens, draft_model=draft_model)
             rows = []
             for i, prompt in enumerate(prompts):
-                own = generator
-                if own is None and cfg.seed is not None and cfg.temperature > 0:
-                    own = torch.Generator(device=device).manual_seed(cfg.seed + i)  # row i: seed + i
-                rows.append(engine.add(Row(list(prompt), cfg, generator=own)))
+                own = generator if generator is not None else cfg.row_generator(device, i)  # row i: seed + i
+                rows.append(engine.add(Row(list(prompt), cfg, generator=own,
+                                           constraint=None if constraints is None else constraints[i])))
         queues: list[list[int]] = [[] for _ in rows]
         given = [0] * len(rows)  # tokens already yielded per row
         while True:
@@ -309,6 +244,8 @@ def _steps(
             yield out
         if finish_reasons is not None:
             finish_reasons[:] = [r.finish_reason for r in rows]
+        if forced is not None:
+            forced[:] = [list(r.forced) for r in rows]
     finally:
         model.train(was_training)
 
@@ -320,6 +257,7 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
+    constraints: Sequence[RowConstraint | None] | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate for a batch of prompts; returns the new tokens of every row. Arguments as for ``stream``.
@@ -327,9 +265,11 @@ def generate(
     >>> generate(model, [[1, 2, 3], [4]], max_new_tokens=5).rows()  # doctest: +SKIP
     """
     rows, cfg = _prepare(model, prompts, config, generator, overrides, draft_model)
+    _check_constraints(constraints, len(rows))
     reasons = ["length"] * len(rows)
+    forced: list[list[bool]] = [[] for _ in rows]
     per_row: list[list[int]] = [[] for _ in rows]
-    for step in _steps(model, rows, cfg, generator, reasons, draft_model):
+    for step in _steps(model, rows, cfg, generator, reasons, draft_model, constraints, forced):
         for i, tok in enumerate(step):
             if tok is not None:
                 per_row[i].append(tok)
@@ -337,4 +277,4 @@ def generate(
     tokens = torch.full((len(rows), width), cfg.pad_id, dtype=torch.long)
     for i, r in enumerate(per_row):
         tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons)
+    return GenerationResult(tokens=tokens, lengths=[len(r) for r in per_row], finish_reasons=reasons, forced=forced)

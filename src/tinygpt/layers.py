@@ -9,7 +9,7 @@ grouped-query attention, each chosen by a ``GPTConfig`` field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +17,6 @@ from torch import nn
 
 from .config import GPTConfig
 from .fast import Linear  # nn.Linear (same parameters and init) whose inference product may run on oneDNN: fast/
-from .inference.batch import Batch
-from .kv_cache import LayerCache, PagedLayerCache
 from .rope import apply_rope
 
 
@@ -139,47 +137,20 @@ class FeedForward(nn.Module):
         return self.layers(x)
 
 
-@dataclass(frozen=True)
-class Positions:
-    """Where one forward's T tokens sit, built once per forward (``GPTModel.embed``) and shared by every block.
-
-    ``start``: absolute position of the first token; with a cache, this call's keys are written there and the S =
-    start + T keys so far are attended to. ``rope``: RoPE's (cos, sin) tables of the tokens' positions, [T, hd] or
-    [B, T, hd] (``RotaryEmbedding``); None with learned positions. ``key_mask``: [B, S] booleans over the key
-    positions, False for padding. The default, ``Positions()``, is a plain forward from position 0.
-    """
-
-    start: int = 0
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None
-    key_mask: torch.Tensor | None = None
-
-
-FROM_START = Positions()
-
-
-def causal_mask(
-    query_start: int, t: int, s: int, key_mask: torch.Tensor | None = None, *, explicit: bool = False,
-    device: torch.device | str | None = None,
-) -> torch.Tensor | None:
+def causal_mask(query_start: int, t: int, s: int, *, explicit: bool = False,
+                device: torch.device | str | None = None) -> torch.Tensor | None:
     """Which of S keys each of T queries may attend to (True = allowed); the queries sit at key positions
     query_start .. query_start + T - 1.
 
-    Query query_start + i sees key j iff j <= query_start + i, and with ``key_mask`` [B, S] also key_mask[b, j]:
-    bool [T, S], or [B, 1, T, S] with ``key_mask``. Returns None where no tensor is needed and ``explicit`` is false:
-    every query sees every key up to itself, which is plain causal attention when query_start == 0 (S == T) and
-    all S keys for a single query (a cached decode step).
+    Query query_start + i sees key j iff j <= query_start + i: bool [T, S]. Returns None where no tensor is needed
+    and ``explicit`` is false: every query sees every key up to itself, which is plain causal attention when
+    query_start == 0 (S == T) and all S keys for a single query (a cached decode step).
     """
-    if key_mask is None and not explicit and (query_start == 0 or t == 1):
+    if not explicit and (query_start == 0 or t == 1):
         return None
     query_pos = torch.arange(query_start, query_start + t, device=device)[:, None]  # [T, 1]
     key_pos = torch.arange(s, device=device)  # [S]
-    allowed = key_pos <= query_pos  # [T, S]
-    if key_mask is not None:
-        # A left-padding query sees no real key at all; softmax over an empty set is NaN (SDPA may return it), and
-        # NaN hidden states become NaN keys/values that 0 * NaN leaks into real rows. Letting every query also see
-        # its own key keeps the padding rows finite; real queries see themselves anyway, so they are unchanged.
-        allowed = (allowed & key_mask[:, None, None, :]) | (key_pos == query_pos)  # [B, 1, T, S]
-    return allowed
+    return key_pos <= query_pos  # [T, S]
 
 
 class MultiHeadAttention(nn.Module):
@@ -187,8 +158,8 @@ class MultiHeadAttention(nn.Module):
 
     Query i may only look at keys j <= i (its own absolute position and earlier): ``causal_mask``. A plain causal
     forward hands that rule to ``scaled_dot_product_attention`` (``is_causal``) with no mask tensor at all; where a
-    mask is needed (padding, the attention weights, a cached multi-token step) it is built for the call's [T, S]
-    positions. There is no [C, C] mask buffer per layer, as LLMs-from-scratch's chapter 4 keeps (L * C^2 values: 48 MiB of
+    mask is needed (the attention weights; a cached multi-token step, in the cache's ``attend``) it is built for the
+    call's [T, S] positions. There is no [C, C] mask buffer per layer, as LLMs-from-scratch's chapter 4 keeps (L * C^2 values: 48 MiB of
     float32 for gpt2-small, and it grows with the square of the context length).
 
     Grouped-query attention: with Hkv = ``config.kv_heads`` < H key/value heads, the fused projection is
@@ -206,15 +177,17 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(config.attn_dropout)  # on the weights; SDPA is given the same rate
 
     def forward(
-        self, x: torch.Tensor, pos: Positions | Batch = FROM_START, cache: LayerCache | PagedLayerCache | None = None,
-        *, return_weights: bool = False,
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: Any = None, *,
+        return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, T, D] at absolute positions pos.start .. pos.start + T - 1 -> [B, T, D].
+        """x: [B, T, D] -> [B, T, D]. ``rope``: RoPE's (cos, sin) tables of the tokens' positions (None with learned
+        positions).
 
-        ``cache``: this layer's keys/values of earlier positions are read from it and this call's written into it.
-        ``return_weights``: also return the attention weights [B, H, T, S] (written out; the default path runs
-        ``scaled_dot_product_attention``, which computes the same thing without materialising them).
-        With a ``Batch`` (the inference engine's packed rows, x [1, N, D]) and its paged cache: ``attend_batch``.
+        ``cache``: this layer's cache (``inference.kv_cache``), which stores this call's keys/values and attends
+        over all it holds (the contiguous cache of cached decoding, or the engine's paged one): the one call into
+        the inference side. ``return_weights`` (no cache): also return the attention weights [B, H, T, T], written
+        out (the default path runs ``scaled_dot_product_attention``, which computes the same thing without
+        materialising them).
         """
         b, t, d = x.shape
         kv_dim = self.n_kv_heads * self.head_dim
@@ -222,59 +195,24 @@ class MultiHeadAttention(nn.Module):
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
-        if pos.rope is not None:  # rotate before k enters the cache: a cached key keeps its position
-            q, k = apply_rope(q, *pos.rope), apply_rope(k, *pos.rope)
-        if isinstance(pos, Batch):
-            context = self.attend_batch(q, k, v, pos, cache)  # [1, H, N, hd]
-            return self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # [1, N, D]
-        if cache is not None:
-            k, v = cache.update(pos.start, k, v)  # [B, Hkv, S, hd], S = start + T
-        s = k.shape[2]  # S = start + T keys with a cache, T without (positions alone let no query see more)
-        allowed = causal_mask(s - t, t, s, pos.key_mask, explicit=return_weights, device=x.device)
+        if rope is not None:  # rotate before k enters a cache: a cached key keeps its position
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         groups = self.n_heads // self.n_kv_heads
-        if return_weights:
-            if groups > 1:  # share each key/value head with its group of queries: [B, Hkv, S, hd] -> [B, H, S, hd]
+        if cache is not None:
+            context = cache.attend(q, k, v)  # [B, H, T, hd]
+        elif return_weights:
+            if groups > 1:  # share each key/value head with its group of queries: [B, Hkv, T, hd] -> [B, H, T, hd]
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, T, S]
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, T, T]
+            allowed = causal_mask(0, t, t, explicit=True, device=x.device)  # [T, T]
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # >= 1 key per row: no NaN
             context = self.dropout(weights) @ v  # [B, H, T, hd]
         else:
             context = F.scaled_dot_product_attention(  # [B, H, T, hd]
-                q, k, v, attn_mask=allowed, dropout_p=self.dropout.p if self.training else 0.0,
-                is_causal=allowed is None and t > 1, enable_gqa=groups > 1,
+                q, k, v, dropout_p=self.dropout.p if self.training else 0.0, is_causal=t > 1, enable_gqa=groups > 1,
             )
         out = self.out_proj(context.transpose(1, 2).reshape(b, t, d))  # merge the heads: [B, T, D]
         return (out, weights) if return_weights else out
-
-    def attend_batch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch,
-                     cache: PagedLayerCache) -> torch.Tensor:
-        """Attention for packed rows: q [1, H, N, hd], k/v [1, Hkv, N, hd] -> context [1, H, N, hd].
-
-        Every token's key/value is written to its slot first; then the decode rows (one query each) attend, a group
-        of rows of similar length at a time, to their gathered keys under a padding mask, and each span attends causally to its own: query ``start + i``
-        sees the span's keys 0 .. start + i, as in a forward over the row alone.
-        """
-        cache.write(batch.write_slots, k, v)
-        gqa, parts, offset = self.n_heads > self.n_kv_heads, [], 0
-        for group in batch.decode_groups:
-            keys, values = cache.read(group.keys)  # [G, Hkv, L, hd]
-            queries = q[0, :, offset:offset + group.rows].transpose(0, 1).unsqueeze(2)  # [G, H, 1, hd]
-            mask = None if group.mask is None else group.mask[:, None, None, :]  # [G, 1, 1, L]
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
-            parts.append(out.squeeze(2).transpose(0, 1).unsqueeze(0))  # [1, H, G, hd]
-            offset += group.rows
-        for span in batch.spans:
-            queries = q[:, :, offset:offset + span.length]  # [1, H, T, hd]
-            if span.start == 0:  # the row's first tokens: its keys are this call's, plain causal attention
-                keys, values = k[:, :, offset:offset + span.length], v[:, :, offset:offset + span.length]
-                mask = None
-            else:
-                keys, values = cache.read(span.keys[None])  # [1, Hkv, start + T, hd]
-                mask = causal_mask(span.start, span.length, span.start + span.length, device=q.device)  # [T, S]
-            parts.append(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
-                                                        is_causal=mask is None and span.length > 1, enable_gqa=gqa))
-            offset += span.length
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [1, H, N, hd]
 
 
 class TransformerBlock(nn.Module):
@@ -294,11 +232,11 @@ class TransformerBlock(nn.Module):
         self.norm2 = make_norm(config)
         self.drop_shortcut = nn.Dropout(config.shortcut_dropout)
 
-    def forward(self, x: torch.Tensor, pos: Positions | Batch = FROM_START,
-                cache: LayerCache | PagedLayerCache | None = None) -> torch.Tensor:
-        """x [B, T, D] -> [B, T, D]; ``pos`` and ``cache`` (this layer's) go to the attention."""
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache: Any = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; ``rope`` and ``cache`` (this layer's) go to the attention."""
         if self.pre_ln:
-            u = x + self.drop_shortcut(self.att(self.norm1(x), pos, cache))
+            u = x + self.drop_shortcut(self.att(self.norm1(x), rope, cache))
             return u + self.drop_shortcut(self.ff(self.norm2(u)))
-        u = self.norm1(x + self.drop_shortcut(self.att(x, pos, cache)))
+        u = self.norm1(x + self.drop_shortcut(self.att(x, rope, cache)))
         return self.norm2(u + self.drop_shortcut(self.ff(u)))

@@ -1,8 +1,8 @@
 """The GPT model: token ids [B, T] -> logits [B, T, V] (the chapter's full route; LLMs-from-scratch ch04).
 
 tok_emb(idx) + pos_emb(positions) -> dropout -> L transformer blocks -> final LayerNorm -> bias-free head D -> V.
-The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes the positions and the
-layer's KV cache. With ``pos_emb="rope"`` there is no position table: the blocks rotate q and k instead (``rope.py``).
+The blocks live in a ``ModuleList`` (not ``Sequential``) because each call also passes RoPE's tables and the
+layer's KV cache (``inference.kv_cache``: the caches, and the attention over what they hold, live with the engine). With ``pos_emb="rope"`` there is no position table: the blocks rotate q and k instead (``rope.py``).
 The head and the training loss come from ``tinygpt.fast`` (same values, faster kernels; plain PyTorch inside
 ``with tinygpt.fast.disabled():``).
 """
@@ -10,15 +10,14 @@ The head and the training loss come from ``tinygpt.fast`` (same values, faster k
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from .config import GPTConfig
 from .fast import OutputHead, head_cross_entropy
-from .inference.batch import Batch
-from .kv_cache import KVCache, PagedKVCache
-from .layers import LayerNorm, Positions, RMSNorm, TransformerBlock, make_norm
+from .layers import LayerNorm, RMSNorm, TransformerBlock, make_norm
 from .rope import RotaryEmbedding
 
 
@@ -86,108 +85,89 @@ class GPTModel(nn.Module):
 
     def check_input(self, idx: torch.Tensor, start_pos: int = 0) -> None:
         """Raise ``ValueError``/``TypeError`` unless idx is an integer [B, T] with start_pos + T <= C and 0 <= id < V."""
-        c, v = self.config.context_length, self.config.vocab_size
-        if not isinstance(idx, torch.Tensor):
-            raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
-        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape [batch, tokens], got {list(idx.shape)}")
-        t = idx.shape[1]
-        if t < 1:
-            raise ValueError("idx has 0 tokens; at least 1 is needed")
-        if start_pos < 0 or start_pos + t > c:
-            raise ValueError(
-                f"positions {start_pos}..{start_pos + t - 1} do not fit the context: start_pos + tokens must be "
-                f"<= context_length={c} (got start_pos={start_pos}, tokens={t})"
-            )
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= v:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
+        check_ids(idx, self.config, start_pos)
 
-    def embed(
-        self, idx: torch.Tensor, *, start_pos: int = 0, positions: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, Positions]:
-        """The blocks' input [B, T, D] for checked ids idx [B, T] (embedding dropout applied), and ``Positions``:
-        where the tokens sit, which every block is handed (RoPE's tables are computed here, once per forward)."""
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The blocks' input [B, T, D] for checked ids idx [B, T] at ``positions`` [T] (default 0 .. T - 1),
+        embedding dropout applied, and RoPE's (cos, sin) tables [T, hd] for every block (None with learned
+        positions; computed here, once per forward)."""
         if positions is None:
-            positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)  # [T]
+            positions = torch.arange(idx.shape[1], device=idx.device)  # [T]
         x = self.tok_emb(idx)  # [B, T, D]
         rope = None
         if self.rope is not None:
-            rope = self.rope(positions, x.dtype)  # (cos, sin), each [T, hd] or [B, T, hd]
+            rope = self.rope(positions, x.dtype)  # (cos, sin), each [T, hd]
         else:
             x = x + self.pos_emb(positions)  # [B, T, D]
-        return self.drop_emb(x), Positions(start_pos, rope, key_mask)
+        return self.drop_emb(x), rope
 
-    def hidden_states(
-        self,
-        idx: torch.Tensor,
-        *,
-        cache: KVCache | PagedKVCache | None = None,
-        start_pos: int = 0,
-        positions: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-        batch: Batch | None = None,
-    ) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, *, cache: Any = None, pos: Any = None) -> torch.Tensor:
         """ids [B, T] -> embeddings -> blocks -> final norm: [B, T, D], the head's input. Arguments as for ``forward``."""
-        if batch is None:
-            self.check_input(idx, start_pos)
-        elif cache is None or idx.shape != (1, batch.num_tokens):
-            # ids were checked when their rows were added to the engine: no value is read back from the device here
-            raise ValueError(f"a Batch of {batch.num_tokens} tokens needs idx [1, {batch.num_tokens}] and its "
-                             f"PagedKVCache, got idx {list(idx.shape)}" + (" and no cache" if cache is None else ""))
+        if cache is None:
+            start = 0 if pos is None else pos
+            if isinstance(start, bool) or not isinstance(start, int):
+                raise TypeError(f"without a cache pos must be an int position, got {type(pos).__name__}")
+            self.check_input(idx, start)
+            positions = torch.arange(start, start + idx.shape[1], device=idx.device)  # [T]
+        else:  # the cache checks that the call fits it and says where the tokens sit
+            positions = cache.begin(idx, pos)  # [T]
         if idx.dtype not in (torch.int64, torch.int32):  # nn.Embedding indexes with int32/int64 only
             idx = idx.long()
-        if batch is not None:
-            x, pos = self.embed(idx, positions=batch.positions)  # [1, N, D]
-            pos = batch.with_rope(pos.rope)
-        else:
-            x, pos = self.embed(idx, start_pos=start_pos, positions=positions, key_mask=key_mask)  # [B, T, D]
+        x, rope = self.embed(idx, positions)  # [B, T, D]
         for layer, block in enumerate(self.trf_blocks):
-            x = block(x, pos, None if cache is None else cache.layers[layer])  # [B, T, D]
+            x = block(x, rope, None if cache is None else cache.layers[layer])  # [B, T, D]
         return self.final_norm(x)  # [B, T, D]
 
-    def forward(
-        self,
-        idx: torch.Tensor,
-        *,
-        cache: KVCache | PagedKVCache | None = None,
-        start_pos: int = 0,
-        positions: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-        last_only: bool = False,
-        targets: torch.Tensor | None = None,
-        batch: Batch | None = None,
-    ) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, *, targets: torch.Tensor | None = None, last_only: bool = False,
+                cache: Any = None, pos: Any = None) -> torch.Tensor:
         """Token ids [B, T] -> logits [B, T, V] (or [B, 1, V] with ``last_only``), or with ``targets`` the loss.
 
-        Without the keyword arguments this is the plain full-sequence forward. For cached decoding,
-        ``cache`` holds the keys/values of positions < ``start_pos`` and receives this call's; ``positions``
-        [B, T] overrides the position ids per row (left-padded batches); ``key_mask`` [B, start_pos + T] marks
-        real (True) vs padding (False) key positions. ``last_only`` applies the head to the last position only,
-        which is all that generation needs.
+        Without the keyword arguments this is the plain full-sequence forward. ``targets`` [B, T] (the next token
+        of each position; -100 = ignore) returns the scalar mean cross-entropy instead, equal to
+        ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``; ``fast.head_cross_entropy`` computes it
+        without materialising the [B, T, V] logits. ``last_only`` applies the head to the last position only, which
+        is all that generation needs.
 
-        ``targets`` [B, T] (the next token of each position; -100 = ignore) returns the scalar mean cross-entropy
-        instead, equal to ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``; ``fast.head_cross_entropy``
-        computes it without materialising the [B, T, V] logits.
-
-        ``batch`` (``inference.batch.Batch``, with ``cache`` a ``PagedKVCache``): the inference engine's packed rows,
-        idx [1, N]; returns the logits [1, M, V] of the M tokens ``batch.logits_at`` names.
+        ``cache`` (``inference.kv_cache``) holds the keys/values of earlier positions and receives this call's;
+        ``pos`` says where the call's tokens sit: for a ``KVCache``, the position of the first (an int, default 0);
+        for the engine's ``PagedKVCache``, its ``inference.batch.Batch`` (idx [1, N]: the scheduled rows' tokens
+        packed; the logits are [1, M, V], the M tokens ``Batch.logits_at`` names). Without a cache an int ``pos``
+        shifts the positions (the attention stays plain causal).
         """
         if targets is not None and last_only:
             raise ValueError("targets and last_only=True exclude each other: the loss needs every position's logits")
-        x = self.hidden_states(idx, cache=cache, start_pos=start_pos, positions=positions, key_mask=key_mask,
-                               batch=batch)
-        if batch is not None:
-            return self.out_head(x[:, batch.logits_at])  # [1, M, V]
+        x = self.hidden_states(idx, cache=cache, pos=pos)
+        if cache is not None:
+            x = cache.head_input(x)  # the paged cache keeps only the packed tokens whose logits a row needs
         if targets is not None:
             return head_cross_entropy(x, self.out_head.weight, targets)  # checks targets: type, shape, id range
         if last_only:
             x = x[:, -1:, :]  # [B, 1, D]
         return self.out_head(x)  # [B, T, V]
+
+
+def check_ids(idx: torch.Tensor, config: GPTConfig, start: int = 0) -> None:
+    """Raise ``ValueError``/``TypeError`` unless idx is an integer [B, T] with start + T <= C and 0 <= id < V."""
+    c, v = config.context_length, config.vocab_size
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+    if idx.dim() != 2:
+        raise ValueError(f"idx must have shape [batch, tokens], got {list(idx.shape)}")
+    t = idx.shape[1]
+    if t < 1:
+        raise ValueError("idx has 0 tokens; at least 1 is needed")
+    if start < 0 or start + t > c:
+        raise ValueError(
+            f"positions {start}..{start + t - 1} do not fit the context: start_pos + tokens must be "
+            f"<= context_length={c} (got start_pos={start}, tokens={t})"
+        )
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= v:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is out of range: ids must satisfy 0 <= id < vocab_size={v}")
 
 
 class _Placeholder(nn.Module):

@@ -3,7 +3,7 @@
 Instead of adding a learned [C, D] table to the token embeddings, each query and key head vector is rotated by an
 angle proportional to its absolute position p: feature pair j is turned by p * theta^(-2j/hd). The score q_m . k_n
 then depends on the positions only through m - n. Keys are rotated *before* they enter the KV cache, so a cached key
-keeps the position it was computed at and a decode step at any ``start_pos`` sees exactly what a full forward sees.
+keeps the position it was computed at and a decode step at any position sees exactly what a full forward sees.
 
 Pairing convention: feature i is paired with feature i + hd/2 ("rotate_half", as in Hugging Face Llama and GPT-NeoX),
 not with its neighbour 2i+1 (Meta's complex-number code). The two differ by a fixed permutation of the q/k output

@@ -21,7 +21,7 @@ from .config import GPTConfig, get_config
 from .generation import generate_greedy
 from .interop.hf import block_to_hf, tinygpt_to_gpt2
 from .interop.llama import from_llama_state_dict
-from .kv_cache import KVCache
+from .inference.kv_cache import KVCache
 from .model import GPTModel
 
 REFERENCE_PACKAGES = {"upstream": "llms_from_scratch", "hf": "transformers"}
@@ -205,7 +205,7 @@ def check_hf_openai_gpt(config: GPTConfig, dtype: torch.dtype, tolerance: float,
 
 
 def _greedy_cached(model: GPTModel, idx: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy decoding through the KV cache: one prefill, then one token per forward at its explicit start_pos."""
+    """Greedy decoding through the KV cache: one prefill, then one token per forward at its explicit position."""
     cache = KVCache(model.config, idx.shape[0], dtype=model.tok_emb.weight.dtype)
     with torch.no_grad():
         logits = model(idx, cache=cache, last_only=True)
@@ -213,7 +213,7 @@ def _greedy_cached(model: GPTModel, idx: torch.Tensor, steps: int) -> torch.Tens
             next_id = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
             idx = torch.cat((idx, next_id), dim=1)
             if idx.shape[1] < model.config.context_length:
-                logits = model(next_id, cache=cache, start_pos=idx.shape[1] - 1, last_only=True)
+                logits = model(next_id, cache=cache, pos=idx.shape[1] - 1, last_only=True)
     return idx
 
 

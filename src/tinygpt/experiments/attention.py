@@ -33,13 +33,13 @@ def attention_weights(model: GPTModel, idx: torch.Tensor, layer: int) -> tuple[t
     was_training = model.training
     model.eval()
     try:
-        x, pos = model.embed(idx.long())  # [B, T, D]
+        x, rope = model.embed(idx.long())  # [B, T, D]
         for block in model.trf_blocks[:layer]:
-            x = block(x, pos)
+            x = block(x, rope)
         block = model.trf_blocks[layer]
         att_input = block.norm1(x) if block.pre_ln else x  # what the block itself feeds its attention
-        out, weights = block.att(att_input, pos, return_weights=True)  # [B, T, D], [B, H, T, T]
-        fused_gap = (out - block.att(att_input, pos)).abs().max().item()
+        out, weights = block.att(att_input, rope, return_weights=True)  # [B, T, D], [B, H, T, T]
+        fused_gap = (out - block.att(att_input, rope)).abs().max().item()
     finally:
         model.train(was_training)
     return weights, fused_gap

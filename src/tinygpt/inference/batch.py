@@ -6,13 +6,13 @@ chunk of a prompt, a draft to verify), each contiguous. A row's keys and values 
 (``kv_cache.PagedKVCache``) at flat slots; this object carries every index the attention needs as a tensor built on
 the host beforehand, so the forward never reads a value back from the device.
 
-It imports torch only: ``layers.MultiHeadAttention`` reads it (this is ``layers.Positions`` for a batch of rows at
-positions of their own).
+It imports torch only: the paged cache's attention (``kv_cache.PagedLayerCache.attend``) reads it, and it is the
+``pos`` of a forward over the paged cache (``GPTModel.forward(idx, cache=paged, pos=batch)``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -46,7 +46,7 @@ class Batch:
     where each token's key/value is stored. ``decode_rows``: the first Bd tokens are rows of one token, longest
     first, in ``decode_groups`` of rows of similar length (each group's keys are padded to its longest row only).
     ``spans``: the multi-token rows, in token order after the decode rows. ``logits_at`` [M]: which of the N tokens
-    the head runs on. ``rope``: set by the model (its cos/sin tables for ``positions``).
+    the head runs on.
     """
 
     positions: torch.Tensor
@@ -55,14 +55,10 @@ class Batch:
     decode_groups: tuple[DecodeGroup, ...]
     spans: tuple[Span, ...]
     logits_at: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.positions.shape[0]
-
-    def with_rope(self, rope: tuple[torch.Tensor, torch.Tensor] | None) -> "Batch":
-        return replace(self, rope=rope)
 
 
 @dataclass(frozen=True)

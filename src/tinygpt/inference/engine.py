@@ -20,8 +20,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager, prefix_root
+from .constraint import masked_logits
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify
 from .speculative import DraftController, DraftModels, LookupIndex, check_draft_model
@@ -39,6 +40,7 @@ class RowOutput:
     row: Row
     tokens: list[int] = field(default_factory=list)
     logits: torch.Tensor | None = None
+    forced: list[bool] = field(default_factory=list)  # per token: forced by the row's constraint (not drawn)
 
     @property
     def finished(self) -> bool:
@@ -153,7 +155,7 @@ class InferenceEngine:
         return self.scheduler.running + list(self.scheduler.waiting)
 
     def _draft_size(self, row: Row) -> int:
-        if not self.speculative_tokens or row.config is None or not row.config.use_cache:
+        if not self.speculative_tokens or row.config is None or not row.config.use_cache or row.constraint is not None:
             return 0
         return self.speculative_tokens
 
@@ -212,7 +214,7 @@ class InferenceEngine:
                     outputs.append(self._fail(row, err))
         shared = [(row, n, lg) for (row, n), lg in zip(plan, results)
                   if lg is not None and not row.draft and row.config is not None and row.config.temperature > 0
-                  and row.computed + n == row.window_length and _shares_generator(row, plan)]
+                  and row.constraint is None                  and row.computed + n == row.window_length and _shares_generator(row, plan)]
         together = self._draw_shared(shared)
         for (row, n), lg in zip(plan, results):
             if lg is None:
@@ -261,21 +263,43 @@ class InferenceEngine:
             row.computed += n
             if row.pending > 0:  # a chunk of the prompt: nothing to draw yet
                 return RowOutput(row)
-            tokens = [drawn if drawn is not None else draw(row, logits[-1])]
+            if drawn is None:
+                last = logits[-1] if row.constraint is None else masked_logits(logits[-1], row.constraint.allowed())
+                drawn = draw(row, last)
+            tokens = [drawn]
             kept = logits[-1:]
         row.draft = []
         taken: list[int] = []
         for token in tokens:
-            row.tokens.append(token)
-            row.n_new += 1
+            self._take(row, token, forced=False)
             taken.append(token)
-            if row.seen is not None:
-                row.seen[0, token] = True
-            reason = _finish_reason(row, token)
-            if reason is not None:
-                row.finish_reason = reason
+            if row.finished:
                 break
-        return RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None)
+        out = RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None, [False] * len(taken))
+        if row.constraint is not None and not row.finished:
+            for token in row.constraint.advance(taken[-1]):  # forced tokens: fed by the next forwards
+                self._take(row, int(token), forced=True)
+                out.tokens.append(int(token))
+                out.forced.append(True)
+                if row.finished:
+                    break
+            if not row.finished and row.constraint.is_done():
+                row.finish_reason = "stop"
+        return out
+
+    def _take(self, row: Row, token: int, *, forced: bool) -> None:
+        """Append one new token to the row and see whether it ends the row (eos, a stop sequence, the length)."""
+        if forced and not 0 <= token < self.config.vocab_size:
+            raise ValueError(f"the row's constraint forced token id {token}, outside 0 <= id < vocab_size="
+                             f"{self.config.vocab_size}")
+        row.tokens.append(token)
+        row.n_new += 1
+        row.forced.append(forced)
+        if row.seen is not None:
+            row.seen[0, token] = True
+        reason = _finish_reason(row, token)
+        if reason is not None:
+            row.finish_reason = reason
 
     def _advance_score(self, row: Row, n: int, logits: torch.Tensor) -> RowOutput:
         if logits.shape[0]:

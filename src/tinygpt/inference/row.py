@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # generation imports the engine, which imports this module
-    from ..generation import GenerationConfig
+from .sampling_params import GenerationConfig
 
 _ids = itertools.count()
 
@@ -36,7 +35,7 @@ class Row:
     fed, so a decoding row has exactly one pending token."""
 
     tokens: list[int]
-    config: "GenerationConfig | None" = None  # None: a scoring row
+    config: GenerationConfig | None = None  # None: a scoring row
     scored: int = 0  # scoring rows: the last ``scored`` tokens are scored (the window is tokens[:-1])
     generator: torch.Generator | None = None
     want_logits: bool = False  # hand each drawn token's raw logits to the caller (log-probabilities)
@@ -59,6 +58,8 @@ class Row:
     accepted: int = 0
     drafter: Any = None  # its speculative.DraftController, once it drafts
     lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
+    constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
+    forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list

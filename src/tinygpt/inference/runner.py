@@ -14,7 +14,7 @@ from typing import ContextManager, Sequence
 import torch
 from torch import nn
 
-from ..kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache
 from ..multi_lora import use_adapters
 from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
@@ -66,7 +66,7 @@ class ModelRunner:
         ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
-            logits = self.model(idx, cache=self.cache, batch=batch)[0]  # [M, V]
+            logits = self.model(idx, cache=self.cache, pos=batch)[0]  # [M, V]: only the tokens that need them
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
         start = 0
         for i in order:

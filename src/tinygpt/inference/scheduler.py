@@ -58,6 +58,17 @@ class Scheduler:
             self.waiting.remove(row)
         self.waiting.appendleft(row)
 
+    def _grow(self, row: Row, n: int) -> bool:
+        """Room in the row's table for n more fed tokens, preempting the newest rows when no block is free;
+        False when the row itself had to give its room back."""
+        while not self.blocks.grow(row.table, row.computed + n):
+            victim = self.running[-1]  # the newest row gives its room back
+            self.requeue(victim)
+            self.preemptions += 1
+            if victim is row:
+                return False
+        return True
+
     def schedule(self) -> list[tuple[Row, int]]:
         """The next forward's plan: (row, tokens it feeds), decodes first."""
         budget = float("inf") if self.token_budget is None else self.token_budget
@@ -70,22 +81,19 @@ class Scheduler:
             # a sampled row's draft is never cut: how many random draws its verification takes must not depend on
             # its neighbours, or its seed would not repeat its tokens (so its draft may overrun the budget)
             n = 1 + len(row.draft)
-            while not self.blocks.grow(row.table, row.computed + n):
-                victim = self.running[-1]  # the newest row gives its room back
-                self.requeue(victim)
-                self.preemptions += 1
-                if victim is row:
-                    break
-            if row in self.running:
+            if self._grow(row, n):
                 plan.append((row, n))
                 budget -= n
         if plan and self.chunk_per_decode is not None:  # while rows decode, prompts wait a few decode steps at most
             budget = min(budget, max(self.chunk_per_decode * len(plan), self.chunk_per_decode))
         for row in self.running:
+            # a prompt's chunk, or tokens a constraint forced after a drawn one: those may need a new block, and
+            # without a free one they wait (no preemption here: the rows it would evict may be in the plan already)
             if row.pending > 1 and budget >= 1:
                 n = int(min(row.pending, budget))
-                plan.append((row, n))
-                budget -= n
+                if self.blocks.grow(row.table, row.computed + n):
+                    plan.append((row, n))
+                    budget -= n
         while self.waiting and budget >= 1 and len(self.running) < self.max_rows:
             row = self.waiting[0]
             limit = row.first_logit if row.reuse else 0

@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from .. import checks
-from ..kv_cache import KVCache
+from .kv_cache import KVCache
 from ..sampling import sampling_probs
+from .sampling_params import GenerationConfig
 
 
 # ------------------------------------------------------------------------------------------------ drafts
@@ -146,7 +147,7 @@ class DraftModel:
             start = common
             for _ in range(k):
                 idx = torch.tensor([feed], device=self.device)  # [1, T]
-                logits = self.model(idx, cache=self.cache, start_pos=start, last_only=True)[:, -1]  # [1, V]
+                logits = self.model(idx, cache=self.cache, pos=start, last_only=True)[:, -1]  # [1, V]
                 start += len(feed)
                 dist = sampling_probs(logits, **self.settings)  # [1, V]
                 if self.settings["temperature"] == 0.0:
@@ -417,8 +418,6 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
     or a ``DraftModel``. Greedy rows write exactly ``generate``'s tokens; sampled rows follow the same distribution
     (not the same draws: the random stream is consumed differently).
     """
-    from ..generation import GenerationConfig  # generation may build on this package: imported when called
-
     cfg = GenerationConfig() if config is None else config
     if not isinstance(cfg, GenerationConfig):
         raise TypeError(f"config must be a GenerationConfig, got {type(cfg).__name__}")
@@ -438,8 +437,8 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
                          f"context_length={context}")
     controller = controller or DraftController()
     param = next(model.parameters())
-    if generator is None and cfg.seed is not None and cfg.temperature > 0:
-        generator = torch.Generator(device=param.device).manual_seed(cfg.seed)
+    if generator is None:
+        generator = cfg.row_generator(param.device)
     cache = KVCache(model.config, 1, dtype=param.dtype, device=param.device)
     new: list[int] = []
     drafted = accepted = 0
@@ -472,7 +471,7 @@ def speculative_generate(model: nn.Module, prompt: Sequence[int], config: Any = 
             elif k > 0 and isinstance(draft, DraftModel):
                 drafts, draft_probs = draft.propose(seq, k)
             feed = torch.tensor([[seq[-1], *drafts]], device=param.device)  # [1, k + 1]
-            logits = model(feed, cache=cache, start_pos=len(seq) - 1)[0]  # [k + 1, V]
+            logits = model(feed, cache=cache, pos=len(seq) - 1)[0]  # [k + 1, V]
             forwards += 1
     finally:
         model.train(was_training)

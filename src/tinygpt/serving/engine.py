@@ -287,11 +287,8 @@ class BatchEngine:
             return
         try:
             cfg = req.config
-            generator = None
-            if cfg.seed is not None and cfg.temperature > 0:
-                generator = torch.Generator(device=self.device).manual_seed(cfg.seed)  # as generate() seeds row 0
-            row = Row(list(req.prompt), cfg, generator=generator, want_logits=req.logprobs is not None, tag=req,
-                      adapter=req.adapter)
+            row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
             if req.prompt_logprobs:
                 ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
                 with _adapter(self.model, req.adapter):

@@ -52,10 +52,10 @@ def inspect_text(model: nn.Module, tokenizer: TextCodec, ids: list[int], *, laye
         "attention": weights[0].float().round(decimals=6).tolist(),
     }
     if logit_lens:
-        x, pos = model.embed(idx)  # [1, T, D] and the positions every block shares
+        x, rope = model.embed(idx)  # [1, T, D] and the RoPE tables every block shares
         lens = []
         for block in model.trf_blocks:
-            x = block(x, pos)
+            x = block(x, rope)
             p = model.out_head(model.final_norm(x))[0].float().softmax(-1)  # [T, V]
             lens.append([row[0] for row in _top_list(p, 1, tokenizer)])
         out["lens"] = lens
