@@ -60,8 +60,6 @@ class SFTStage(SupervisedStage):
         return self.policy(inputs, targets=targets), {}
 
 
-
-
 def sft_defaults(config: Any) -> tuple[float, int]:
     """(learning rate, epochs) for fine-tuning a model of ``config`` (a ``GPTConfig``): ``SFT_DEFAULTS``' row."""
     from ..params import count_parameters
