@@ -371,7 +371,8 @@ def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None
     name = str(source)
     if looks_local(name) and not path.exists():
         kind = "file" if name.lower().endswith(".gguf") else "folder"
-        raise ValueError(f"{name}: no such {kind} (looked for at {path.expanduser().absolute()})")
+        where = path.expanduser().absolute()
+        raise ValueError(f"{name}: no such {kind}" + (f" (looked for at {where})" if str(where) != name else ""))
     if not _HUB_NAME.match(name) or path.exists():
         raise ValueError(f"{name} is neither a directory nor a Hugging Face hub name such as 'gpt2' or 'gpt2-medium'")
     return _download_from_hub(name, cache_dir)
