@@ -145,3 +145,4 @@ def test_sft_defaults_scale_with_the_model(alignment_config):
     assert sft_defaults(get_config("gpt2-small")) == (5e-5, 1)  # GPT-2's own fine-tuning rate
     small_lr, small_epochs = sft_defaults(alignment_config)
     assert small_lr > 5e-5 * 10 and small_epochs > 1
+    assert sft_defaults(alignment_config, lora=True) == (small_lr * 10, small_epochs)  # only the updates move

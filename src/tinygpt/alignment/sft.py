@@ -22,7 +22,7 @@ from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_examp
 from .data import ALPACA_CHAT_TEMPLATE, InstructionExample, load_instruction_data
 from ..training.loop import TrainingResult, run_stage
 from .finetune import SupervisedStage, adapt, load_start_model
-from .options import FEW_EXAMPLES, SFT_DEFAULTS, FinetuneOptions
+from .options import FEW_EXAMPLES, LORA_LR_FACTOR, SFT_DEFAULTS, FinetuneOptions
 
 
 def response_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -60,12 +60,14 @@ class SFTStage(SupervisedStage):
         return self.policy(inputs, targets=targets), {}
 
 
-def sft_defaults(config: Any) -> tuple[float, int]:
-    """(learning rate, epochs) for fine-tuning a model of ``config`` (a ``GPTConfig``): ``SFT_DEFAULTS``' row."""
+def sft_defaults(config: Any, lora: bool = False) -> tuple[float, int]:
+    """(learning rate, epochs) for fine-tuning a model of ``config`` (a ``GPTConfig``): ``SFT_DEFAULTS``' row, the
+    rate times ``LORA_LR_FACTOR`` with ``lora``."""
     from ..params import count_parameters
 
     total = count_parameters(config).total
-    return next((lr, epochs) for most, lr, epochs in SFT_DEFAULTS if most is None or total <= most)
+    lr, epochs = next((lr, epochs) for most, lr, epochs in SFT_DEFAULTS if most is None or total <= most)
+    return (lr * LORA_LR_FACTOR if lora else lr), epochs
 
 
 def warn_if_few(stage: SFTStage, options: FinetuneOptions, source: str) -> None:
@@ -91,7 +93,8 @@ def sft(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit:
     examples = load_instruction_data(data, limit)
     base, tokenizer = load_start_model(model, options.device, tokenizer_dir, lora=lora)
     end_of_text_id(tokenizer)  # a char tokenizer: its error names the command that makes a bpe base
-    options = replace(options, **{k: v for k, v in zip(("lr", "epochs"), sft_defaults(base.config)) if k in unset})
+    options = replace(options, **{k: v for k, v in zip(("lr", "epochs"), sft_defaults(base.config, lora is not None))
+                                 if k in unset})
     stage = SFTStage(adapt(base, lora, options, model), tokenizer, examples, source=str(data),
                      **options.stage_settings())
     warn_if_few(stage, options, str(data))
