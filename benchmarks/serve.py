@@ -29,8 +29,8 @@ Workloads (``serve_workloads``; the figures each reports):
   against turn 1 (with and without prefix reuse, as above).
 - speculative: one stream on a copy-heavy task (rewrite a given function with renamed variables) and on prose:
   tokens/s and acceptance rate with ``--speculative lookup`` against ``--speculative off`` (and ``--draft MODEL``)
-  where this checkout's server has the flags, and always ``inference.speculative.speculative_generate`` in this
-  process, prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
+  where this checkout's server has the flags, and always the inference engine in this process (one row, as
+  ``generate`` runs it), prompt lookup against plain decoding. Random weights copy nothing on purpose: what it measures there is
   the cost of drafting and verifying, and whatever repetition the random model falls into; a trained model
   (``--model``) shows what drafting gains where the model does copy.
 
@@ -358,7 +358,7 @@ def _speculative(run: _Run) -> None:
 
         rows += run.interleaved(keys, measure, lambda m: f"{task}: {m['tokens_per_s']:.1f} tok/s", task=task)
         for mode, m in wl.offline_speculative(run.model, ids, sizes.speculative_new_tokens, run.rounds).items():
-            rows.append({"task": task, "impl": f"offline speculative_generate {mode}", **m,
+            rows.append({"task": task, "impl": f"offline engine {mode}", **m,
                          "rounds": max(run.rounds, 3)})
         run.log(f"speculative {task}: done")
     run.result["tables"]["speculative"] = rows
@@ -387,7 +387,7 @@ def _ratios(result: dict[str, Any]) -> None:
     spec = {(row["task"], row["impl"]): row["tokens_per_s"] for row in tables.get("speculative", [])}
     for task in ("copy", "prose"):
         for on, off in ((LABELS["spec-lookup"], LABELS["spec-off"]),
-                        ("offline speculative_generate lookup", "offline speculative_generate off")):
+                        ("offline engine lookup", "offline engine off")):
             if (task, on) in spec and (task, off) in spec:
                 ratios[f"{task}: {on}/off tokens/s"] = spec[(task, on)] / spec[(task, off)]
     result["ratios"] = ratios

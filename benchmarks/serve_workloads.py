@@ -140,25 +140,37 @@ async def one_stream(url: str, body: Body, prompt: str, sizes: Sizes) -> dict[st
 
 
 def offline_speculative(model: Any, prompt_ids: list[int], new_tokens: int, rounds: int) -> dict[str, dict[str, Any]]:
-    """``inference.speculative.speculative_generate`` in this process, prompt lookup against plain decoding,
-    interleaved over ``rounds`` (at least 3): tokens/s (median) and the acceptance rate, per mode."""
+    """The inference engine in this process (what ``generate`` runs: one row, its paged cache), prompt lookup
+    against plain decoding, interleaved over ``rounds`` (at least 3): tokens/s (median) and the acceptance rate,
+    per mode. Lookup drafts up to 8 tokens (each row's controller starts at 4); prefix reuse is off, so every run
+    prefills its prompt."""
     import torch
 
     from tinygpt.generation import GenerationConfig
-    from tinygpt.inference.speculative import speculative_generate
+    from tinygpt.inference.engine import InferenceEngine
+    from tinygpt.inference.row import Row
 
-    cfg = GenerationConfig(max_new_tokens=new_tokens)
+    engines = {mode: InferenceEngine(model, max_rows=1, prefix_reuse=False, speculative_tokens=k)
+               for mode, k in (("lookup", 8), ("off", 0))}
+
+    def run(mode: str, tokens: int) -> Row:
+        row = engines[mode].add(Row(list(prompt_ids), GenerationConfig(max_new_tokens=tokens)))
+        engines[mode].run_until_done()
+        return row
+
     times: dict[str, list[float]] = {"lookup": [], "off": []}
-    results: dict[str, Any] = {}
+    results: dict[str, Row] = {}
+    model.eval()
     with torch.inference_mode():
         for mode in times:  # warm-up: the first calls build kernels per shape
-            speculative_generate(model, prompt_ids, cfg.replace(max_new_tokens=4), draft=mode)
+            run(mode, 4)
         for r in range(max(rounds, 3)):  # in-process calls are cheap next to a server round: at least 3
             for mode in (("lookup", "off") if r % 2 == 0 else ("off", "lookup")):
                 start = time.perf_counter()
-                results[mode] = speculative_generate(model, prompt_ids, cfg, draft=mode)
+                results[mode] = run(mode, new_tokens)
                 times[mode].append(time.perf_counter() - start)
-    same = results["lookup"].tokens == results["off"].tokens
-    return {mode: {"tokens": len(results[mode].tokens), "tokens_per_s": len(results[mode].tokens) /
-                   statistics.median(times[mode]), "acceptance": results[mode].acceptance_rate if mode == "lookup"
-                   else None, "same_tokens": same} for mode in times}
+    new = {mode: row.tokens[row.prompt_len:] for mode, row in results.items()}
+    same = new["lookup"] == new["off"]
+    return {mode: {"tokens": len(new[mode]), "tokens_per_s": len(new[mode]) / statistics.median(times[mode]),
+                   "acceptance": results[mode].accepted / results[mode].drafted if mode == "lookup"
+                   and results[mode].drafted else None, "same_tokens": same} for mode in times}

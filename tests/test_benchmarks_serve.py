@@ -121,8 +121,8 @@ def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(w
     for name in ("long-arrival", "shared-prefix", "conversation"):
         assert {"tinygpt serve", "tinygpt serve (before)"} <= {r["impl"] for r in result["tables"][name]}
     spec = {(r["task"], r["impl"]) for r in result["tables"]["speculative"]}
-    assert ("copy", "offline speculative_generate lookup") in spec
-    assert ("prose", "offline speculative_generate off") in spec
+    assert ("copy", "offline engine lookup") in spec
+    assert ("prose", "offline engine off") in spec
     assert "tinygpt/before at 2 clients" in result["ratios"]
     text = serve.table(result)
     assert "long-arrival" in text and "conversation" in text and "speculative" in text

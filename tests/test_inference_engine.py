@@ -199,7 +199,7 @@ def test_speculative_greedy_equals_greedy_whatever_the_drafts(variant):
 def test_prompt_lookup_by_each_rows_index_drafts_what_the_scan_drafts():
     """The default proposer (a ``LookupIndex`` per row) against ``propose_lookup`` scanning the row at every step:
     the same drafts, so the same counts of drafted and accepted tokens for every row, and the same tokens."""
-    from tinygpt.inference.speculative import propose_lookup
+    from tinygpt.inference.drafting import propose_lookup
 
     model = variant_model("gpt2")
     prompts = [[1, 2, 3, 4, 5, 6] * 3, [7, 8, 9] * 4 + [10], [11, 12, 13, 14], [5, 5, 5, 6, 5, 5]]

@@ -10,7 +10,7 @@ import torch
 from inference_support import unchecked
 from serving_support import Collector, offline, tiny_model, tokenizer, wait_until
 from tinygpt import GenerationConfig
-from tinygpt.serving.engine import BatchEngine, EngineRequest, Finish, PromptLogprobs, QueueFull, Step
+from tinygpt.serving.engine import EngineThread, EngineRequest, Finish, PromptLogprobs, QueueFull, Step
 
 
 def _request(ids, max_tokens, sink, stop=(), logprobs=None, prompt_logprobs=False, unchecked_settings=None,
@@ -32,7 +32,7 @@ def engine_factory(one_thread):
     engines = []
 
     def make(model, **options):
-        engines.append(BatchEngine(model, tokenizer(), **options))
+        engines.append(EngineThread(model, tokenizer(), **options))
         return engines[-1]
 
     yield make
@@ -186,9 +186,9 @@ def test_the_queue_is_bounded_and_shutdown_cancels_what_is_left(engine_factory):
 
 def test_bad_settings_are_value_errors():
     with pytest.raises(ValueError, match="max_batch"):
-        BatchEngine(tiny_model(), tokenizer(), max_batch=0)
+        EngineThread(tiny_model(), tokenizer(), max_batch=0)
     with pytest.raises(ValueError, match="max_queue"):
-        BatchEngine(tiny_model(), tokenizer(), max_queue=-1)
+        EngineThread(tiny_model(), tokenizer(), max_queue=-1)
 
 
 def test_dtype_is_every_commands_dtype_bf16_autocast_on_the_engines_thread(engine_factory):
@@ -203,7 +203,7 @@ def test_dtype_is_every_commands_dtype_bf16_autocast_on_the_engines_thread(engin
         assert sink.finish is not None and seen and set(seen) == {autocast_on}
     assert next(model.parameters()).dtype == torch.float32  # autocast: the weights stay float32
     with pytest.raises(ValueError, match="dtype='fp16' is not allowed"):
-        BatchEngine(model, tokenizer(), dtype="fp16")
+        EngineThread(model, tokenizer(), dtype="fp16")
 
 
 class _FailingSink(Collector):
@@ -255,3 +255,27 @@ def test_a_shared_prefix_is_computed_once_and_changes_no_token(engine_factory):
     for t, s in zip(turns, sinks):
         assert s.wait().tokens == offline(model, t, 6)
     assert engine.core.blocks.hits >= 3 * 32  # each newcomer took the system prompt's two full blocks
+
+
+def test_prompt_logprobs_are_the_cores_scoring_rows_under_the_token_budget(engine_factory):
+    """echo + logprobs: the prompt is scored by a scoring row of the core, prefilled in chunks of the token budget
+    (no forward of its own), before the generation row joins; a one-token prompt has nothing to score."""
+    model = tiny_model()
+    engine = engine_factory(model, max_batch=2, token_budget=4)
+    prompt = _prompts(1, 13, 13, seed=3)[0]
+    sink, single = Collector(), Collector()
+    engine.submit([_request(prompt, 2, sink, logprobs=1, prompt_logprobs=True),
+                   _request(prompt[:1], 2, single, prompt_logprobs=True)])
+    sink.wait()
+    single.wait()
+    assert engine.steps >= 12 // 4  # 12 scored positions, at most 4 tokens per forward
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt]))[0].log_softmax(-1)  # [P, V]
+    scored = sink.events[0].tokens
+    assert [t.id for t in scored] == prompt and scored[0].logprob is None
+    for t in range(1, len(prompt)):
+        assert scored[t].logprob == pytest.approx(ref[t - 1, prompt[t]].item(), abs=1e-4)
+        assert scored[t].top[0][0] == int(ref[t - 1].argmax())
+    assert isinstance(single.events[0], PromptLogprobs) and [t.id for t in single.events[0].tokens] == prompt[:1]
+    assert sink.finish.reason == "length" and len(sink.tokens) == 2
+    assert engine.core.blocks.all_free()

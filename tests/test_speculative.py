@@ -12,10 +12,12 @@ import torch
 
 from tinygpt import GPTConfig, GPTModel, generate
 from tinygpt.generation import GenerationConfig
-from tinygpt.inference import speculative
-from tinygpt.inference.speculative import (DraftController, DraftModel, accept_greedy, accept_sampled,
-                                           propose_lookup, speculative_generate, target_probs)
+from tinygpt.inference import acceptance, drafting
+from tinygpt.inference.acceptance import accept_greedy, accept_sampled, target_probs
+from tinygpt.inference.drafting import DraftController, DraftModel, propose_lookup
 from tinygpt.sampling import sampling_probs
+
+from speculative_reference import speculative_generate
 
 
 # ------------------------------------------------------------------------------------------------ lookup
@@ -47,7 +49,7 @@ def test_lookup_index_proposes_what_the_scan_does_as_a_row_grows():
     rng = random.Random(1)
     for _ in range(60):
         n_max, tokens = rng.randint(1, 4), []
-        index = speculative.LookupIndex(n_max)
+        index = drafting.LookupIndex(n_max)
         for _ in range(rng.randint(1, 10)):
             tokens += [rng.randrange(3) for _ in range(rng.randint(0, 5))]
             index.update(tokens)
@@ -157,16 +159,16 @@ def test_speculative_sampling_reproduces_the_target_distribution(deterministic):
 
 def test_the_chi_square_test_fails_with_a_wrong_residual(monkeypatch):
     """Resampling from p itself (not norm(max(0, p - q))) biases the output: the same test must reject it."""
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(acceptance, "residual_distribution", lambda p, q: p)
     assert _statistic(k=2, deterministic=False) > 3 * _chi_square_critical(26)
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: q)
+    monkeypatch.setattr(acceptance, "residual_distribution", lambda p, q: q)
     assert _statistic(k=2, deterministic=True) > 3 * _chi_square_critical(26)
 
 
 def test_residual_distribution():
     p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])
-    assert torch.equal(speculative.residual_distribution(p, q), torch.tensor([1.0, 0.0, 0.0]))
-    assert torch.equal(speculative.residual_distribution(p, p), p)  # nothing left: p itself, never 0/0
+    assert torch.equal(acceptance.residual_distribution(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.equal(acceptance.residual_distribution(p, p), p)  # nothing left: p itself, never 0/0
 
 
 def test_a_draft_the_target_rules_out_is_always_rejected_and_one_it_certainly_writes_kept():
@@ -335,10 +337,10 @@ def test_verify_is_greedy_or_sampled_acceptance_on_the_processed_distributions()
     logits = torch.randn(3, 7, generator=gen)
     greedy = GenerationConfig(repetition_penalty=1.5)
     probs = target_probs(logits, [1, 2], [3, 4], temperature=0.0, repetition_penalty=1.5)
-    assert speculative.verify(logits, [1, 2], [3, 4], greedy) == accept_greedy([3, 4], probs)
+    assert acceptance.verify(logits, [1, 2], [3, 4], greedy) == accept_greedy([3, 4], probs)
     sampled = GenerationConfig(temperature=0.7, top_k=4)
     probs = target_probs(logits, [1, 2], [3, 4], temperature=0.7, top_k=4)
-    got = speculative.verify(logits, [1, 2], [3, 4], sampled, generator=torch.Generator().manual_seed(9))
+    got = acceptance.verify(logits, [1, 2], [3, 4], sampled, generator=torch.Generator().manual_seed(9))
     assert got == accept_sampled([3, 4], None, probs, torch.Generator().manual_seed(9))
 
 

@@ -293,6 +293,19 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
     return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 
 
+def load_weights_into(model: GPTModel, directory: str | Path) -> None:
+    """Copy the weights of the checkpoint ``directory`` into ``model`` in place (a resume: the model is built once,
+    as nanoGPT's one ``load_state_dict``). The file must hold exactly the model's tensors (names and shapes checked
+    from its header before a tensor is read); each is read onto the model's device and copied into its dtype."""
+    path = Path(directory) / WEIGHTS_FILE
+    state = _read_weights(path, _expected_shapes(model), str(next(model.parameters()).device))
+    for name, tensor in state.items():
+        _floating(path, name, tensor)
+    if model.config.tie_weights:
+        state[_TIED_KEY] = state["tok_emb.weight"]
+    model.load_state_dict(state)
+
+
 def load_checkpoint_tokenizer(directory: str | Path) -> Tokenizer | None:
     """The tokenizer saved beside a checkpoint, or None when the checkpoint has none."""
     if find_descriptor(directory) is None:

@@ -18,6 +18,8 @@ from typing import Any
 
 from . import checks
 
+DEFAULT_SEED = 1337  # the seed of every command, stage and options object that is given none: the one place it is written
+
 _SIZE_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers")
 _DROPOUT_FIELDS = ("drop_rate", "drop_rate_emb", "drop_rate_attn", "drop_rate_shortcut")
 _BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln", "bias")

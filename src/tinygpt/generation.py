@@ -35,7 +35,7 @@ from .inference.sampling_params import (  # noqa: F401  (the settings' home; the
     OVERFLOW_POLICIES, REPETITION_PENALTY_RANGE, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, GenerationConfig,
     check_sampling,
 )
-from .inference.speculative import check_draft_model
+from .inference.drafting import check_draft_model
 
 DEFAULT_DRAFT_TOKENS = 4  # draft tokens per step with a draft model when speculative_tokens is 0 (= serve's default)
 

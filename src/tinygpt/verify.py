@@ -18,10 +18,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .config import GPTConfig, get_config
-from .generation import generate_greedy
+from .generation import generate, generate_greedy
 from .interop.hf import block_to_hf, tinygpt_to_gpt2
 from .interop.llama import from_llama_state_dict
-from .inference.kv_cache import KVCache
 from .model import GPTModel
 
 REFERENCE_PACKAGES = {"upstream": "llms_from_scratch", "hf": "transformers"}
@@ -205,16 +204,9 @@ def check_hf_openai_gpt(config: GPTConfig, dtype: torch.dtype, tolerance: float,
 
 
 def _greedy_cached(model: GPTModel, idx: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy decoding through the KV cache: one prefill, then one token per forward at its explicit position."""
-    cache = KVCache(model.config, idx.shape[0], dtype=model.tok_emb.weight.dtype)
-    with torch.no_grad():
-        logits = model(idx, cache=cache, last_only=True)
-        for _ in range(steps):
-            next_id = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
-            idx = torch.cat((idx, next_id), dim=1)
-            if idx.shape[1] < model.config.context_length:
-                logits = model(next_id, cache=cache, pos=idx.shape[1] - 1, last_only=True)
-    return idx
+    """Greedy decoding as the product runs it: ``generate`` on the inference engine (its paged KV cache, one
+    prefill, then one token per forward); idx [B, T] -> [B, T + steps]."""
+    return torch.cat((idx, generate(model, idx, max_new_tokens=steps).tokens), dim=1)
 
 
 def _rmsnorm_in_input_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -225,7 +217,8 @@ def _rmsnorm_in_input_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.T
 def check_hf_llama(tied: bool, dtype: torch.dtype, tolerance: float, seed: int = 123) -> CheckResult:
     """Import a tiny random ``transformers.LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE theta 500, 6 query heads over
     2 key/value heads, no bias) through ``interop.llama``; compare logits, and greedy tokens of the reference, of
-    tinygpt without a cache and of tinygpt with its KV cache (all three must agree).
+    tinygpt without a cache and of tinygpt's ``generate`` (the inference engine's paged KV cache); all three must
+    agree.
 
     HF's RMSNorm computes in float32 even in a float64 model (~1e-7 from exact); in float64 that one cast is lifted
     on the reference's norm instances, so the check measures everything else to ~1e-15.

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checks
+from ..config import DEFAULT_SEED
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import collate_targets, end_of_text_id
@@ -52,7 +53,7 @@ class DPOStage(SupervisedStage):
 
     def __init__(self, policy: GPTModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,
                  reference: GPTModel | None = None, beta: float = 0.1, batch_size: int = 8, val_fraction: float = 0.1,
-                 seed: int = 1337, source: str = "data") -> None:
+                 seed: int = DEFAULT_SEED, source: str = "data") -> None:
         checks.positive_number("beta", beta)
         self.policy, self.beta = policy, float(beta)
         # The Alpaca chat template, as SFT saves it: the prompts DPO trains on are Alpaca prompts.

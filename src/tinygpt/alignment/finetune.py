@@ -80,7 +80,7 @@ def adapt(model: GPTModel, lora: Any, options: FinetuneOptions, base: str | Path
     if lora is None:
         return model
     from ..lora import apply_lora
-    from ..training.loop import DEFAULT_SEED
+    from ..config import DEFAULT_SEED
 
     seed = options.seed if options.seed is not None else DEFAULT_SEED
     apply_lora(model, lora, seed=seed)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .. import checks
 from ..checks import option
+from ..config import DEFAULT_SEED
 from ..fileio import RUN, check_save_target
 from ..training.options import LoopOptions
 
@@ -42,7 +43,7 @@ class FinetuneOptions(LoopOptions):
 
     ``batch_size``, ``val_fraction`` and ``seed`` belong to the stage, which splits and batches its data with them:
     ``sft``/``dpo``/``train_reward_model``/``ppo`` build their stage from these (None: the stage's defaults, 8,
-    0.1 and 1337); ``run_stage`` takes a stage built elsewhere as it is and refuses options that say otherwise
+    0.1 and ``DEFAULT_SEED``); ``run_stage`` takes a stage built elsewhere as it is and refuses options that say otherwise
     (``ValueError``), so neither value is ever silently ignored."""
 
     out_dir: str = option("runs/finetune", "run folder: step-N checkpoints, metrics.jsonl, plot, final model",
@@ -61,7 +62,7 @@ class FinetuneOptions(LoopOptions):
     keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
     val_fraction: float | None = option(None, "examples held out", default_help=0.1)
     seed: int | None = option(None, "seed of the split, data order, head initialisation, dropout and sampling",
-                              default_help=1337)
+                              default_help=DEFAULT_SEED)
     progress: bool = option(True, "no progress bar", flag="--no-progress")
 
     def stage_settings(self) -> dict[str, int | float]:

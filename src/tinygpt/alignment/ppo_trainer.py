@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ..config import DEFAULT_SEED
 from ..generation import generate
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
@@ -103,7 +104,7 @@ class PPOStage(FinetuneStage):
     def __init__(self, policy: GPTModel, prompts: Sequence[Sequence[int]], reward_fn: RewardFn, *,
                  tokenizer: Tokenizer | None = None, reference: GPTModel | None = None,
                  config: PPOConfig | None = None, eos_id: int | None = None, pad_id: int | None = None,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337) -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = DEFAULT_SEED) -> None:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.config = config or PPOConfig()
         # A LoRA policy is its own frozen policy with the adapters off (reference_model): no second copy of the base.

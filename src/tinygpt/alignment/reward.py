@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import DEFAULT_SEED
 from ..checkpoint import load_checkpoint_tokenizer, load_model, write_checkpoint_files
 from ..fileio import REWARD_MODEL, atomic_write_with, save_into
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import EncodedExample, collate_sequences, encode_example, end_of_text_id
 from .data import PreferenceExample, load_preference_data
-from ..training.loop import DEFAULT_SEED, TrainingResult, run_stage
+from ..training.loop import TrainingResult, run_stage
 from ..lora import is_adapted
 from .finetune import SupervisedStage, adapt, load_start_model
 from .options import FinetuneOptions
@@ -149,7 +150,7 @@ class RewardStage(SupervisedStage):
     postfix_keys = ("loss", "accuracy")
 
     def __init__(self, model: RewardModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = DEFAULT_SEED, source: str = "data") -> None:
         self.model = model
         self.policy, self.tokenizer = model.trunk, tokenizer
         self.heads = nn.ModuleDict({"reward": model.head})

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import DEFAULT_SEED
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .batches import IGNORE_INDEX, EncodedExample, collate_targets, encode_example, end_of_text_id
@@ -46,7 +47,7 @@ class SFTStage(SupervisedStage):
     answers_samples = True
 
     def __init__(self, model: GPTModel, tokenizer: Tokenizer, examples: Sequence[InstructionExample], *,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = DEFAULT_SEED, source: str = "data") -> None:
         self.policy, self.tokenizer = model, tokenizer.with_chat_template(ALPACA_CHAT_TEMPLATE)
         self.heads = nn.ModuleDict()
         self.pad_id = end_of_text_id(tokenizer)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import CommandError, add_generation_options, add_options, options_from_args, sampling_config
+from .common import (CommandError, add_generation_options, add_options, load_for_command, options_from_args,
+                     sampling_config)
 
 
 def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float | None, batch_size: int,
@@ -131,17 +132,13 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
 def _run_chat(args: argparse.Namespace) -> int:
     from ..alignment.chat import chat
     from ..command_options import ChatOptions
-    from ..devices import autocast, resolve_device
-    from ..interop.pretrained import load_pretrained
+    from ..devices import autocast
 
     options = options_from_args(ChatOptions, args)
     options.check()
     settings = sampling_config(args, "chat")  # checked before the model is loaded
-    device = resolve_device(options.device)
-    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device,
-                                       base=options.base)
-    if tokenizer is None:
-        raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights, base=options.base)
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -11,7 +11,7 @@ import typing
 from typing import Any
 
 from ..checks import OptionError
-from ..config import GPTConfig, get_config
+from ..config import DEFAULT_SEED, GPTConfig, get_config
 
 
 class CommandError(Exception):
@@ -127,7 +127,6 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
     add_options(parser, ModelOptions, skip=("model", "tokenizer_dir"))
 
 
-DEFAULT_SEED = 1337  # the one default of every command's --seed (= TrainingOptions.seed, FinetuneOptions.seed)
 
 # The command line's words for GenerationConfig's fields (which carry no help of their own). A field not named here
 # still becomes a flag of generate and chat, with its name for help; top_p and repetition_penalty default to None
@@ -187,6 +186,23 @@ def sampling_config(args: argparse.Namespace, command: str, **extra: Any) -> Any
 
 _ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|(.))", re.DOTALL)
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+
+
+def load_for_command(model: str, tokenizer_dir: str | None, device_name: str,
+                     weights: str = "float32", *, base: str | None = None) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, device) for a command that runs a model on text: ``--model`` loaded on ``--device``
+    (an adapter folder on ``--base``, when given), a tokenizer required (``CommandError`` naming the fix when the
+    checkpoint has none), its linears then in ``--weights``' type (``fast.weights``)."""
+    from ..devices import resolve_device
+    from ..fast.weights import convert_weights
+    from ..interop.pretrained import load_pretrained
+
+    device = resolve_device(device_name)
+    loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=device, base=base)
+    if tokenizer is None:
+        raise CommandError(f"{model} has no tokenizer: pass --tokenizer-dir DIR")
+    convert_weights(loaded, weights)
+    return loaded, tokenizer, device
 
 
 def decode_escapes(text: str) -> str:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import CommandError, add_options, options_from_args
+from .common import CommandError, add_options, load_for_command, options_from_args
 
 if TYPE_CHECKING:
     from ..evaluation.options import EvalOptions
@@ -47,13 +47,10 @@ def _run_eval(args: argparse.Namespace) -> int:
         from ..evaluation.task_files import resolve_tasks
 
         tasks = resolve_tasks(options.tasks, options.include_path)  # before the model loads: names and files checked
-    from ..devices import autocast, resolve_device
-    from ..interop.pretrained import load_pretrained
+    from ..devices import autocast
 
-    device = resolve_device(options.device)
-    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device)
-    if tokenizer is None:
-        raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights)
     report: dict = {"model": options.model}
     with autocast(device, options.dtype):
         if text is not None or corpus is not None:

@@ -8,8 +8,8 @@ import sys
 
 from ..config import PRESETS, GPTConfig
 from ..params import count_parameters
-from .common import (CommandError, add_generation_options, add_options, config_from_args, options_from_args,
-                     sampling_config)
+from .common import (CommandError, add_generation_options, add_options, config_from_args, load_for_command,
+                     options_from_args, sampling_config)
 
 
 def _add_params(sub: argparse._SubParsersAction) -> None:
@@ -105,8 +105,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _run_generate(args: argparse.Namespace) -> int:
     from ..command_options import GenerateOptions
-    from ..devices import autocast, resolve_device
-    from ..interop.pretrained import load_draft, load_pretrained
+    from ..devices import autocast
+    from ..interop.pretrained import load_draft
     from ..text_stream import stream_text
 
     options = options_from_args(GenerateOptions, args)
@@ -119,11 +119,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     else:
         prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
     settings = sampling_config(args, "generate")  # checked before the model is loaded
-    device = resolve_device(options.device)
-    model, tokenizer = load_pretrained(options.model, tokenizer_dir=options.tokenizer_dir, device=device,
-                                       base=options.base)
-    if tokenizer is None:
-        raise CommandError(f"{options.model} has no tokenizer: pass --tokenizer-dir DIR")
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights, base=options.base)
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
     draft = None

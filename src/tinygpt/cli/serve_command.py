@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..serving.options import API_KEY_ENV, ServeOptions
-from .common import CommandError, add_device_options, add_options, options_from_args
+from .common import CommandError, add_device_options, add_options, load_for_command, options_from_args
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -37,15 +37,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CommandError(f"serving needs the serve extra: pip install -e '.[serve]' in a checkout, or "
                            f"pip install starlette uvicorn ({err})") from None
-    from ..devices import resolve_device
-    from ..interop.pretrained import load_pretrained
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    device = resolve_device(args.device)
-    model, tokenizer = load_pretrained(args.model, tokenizer_dir=args.tokenizer_dir, device=device)
-    if tokenizer is None:
-        raise CommandError(f"{args.model} has no tokenizer: pass --tokenizer-dir DIR")
+    if args.weights != "float32" and options.adapters:
+        raise CommandError(f"--weights {args.weights} cannot serve --adapter: LoRA adapters attach to float32 linears "
+                           f"(merge the adapter into the model with tinygpt merge, then serve that with --weights)")
+    model, tokenizer, device = load_for_command(args.model, args.tokenizer_dir, args.device, args.weights)
     app = create_app(model, tokenizer, options, dtype=args.dtype)
 
     def announce(url: str) -> None:

@@ -1,12 +1,13 @@
 """The loop that ties the core together: add rows, ``step`` until they are done.
 
-Each ``step`` applies the context policy to rows that outgrew the context, proposes drafts for generation rows when
-speculative decoding is on, asks the scheduler for a plan, runs one forward, and then advances each row on its own:
-a row whose sampling, draft check or scoring raises finishes alone with reason "error" (``Row.error`` says why);
-every other row goes on. If the batched forward itself raises, each planned row is run alone once, so only the rows
-that fail alone fail. Finished, failed and cancelled rows give their blocks back before the next step.
+Each ``step`` is three parts, as nano-vllm's: *schedule* (the context policy for rows that outgrew the context, one
+call to the ``drafting.Drafter`` for the running rows' drafts when speculative decoding is on, the scheduler's
+plan), *run* (one forward; if the batched forward raises, each planned row is run alone once, so only the rows that
+fail alone fail) and *postprocess* (each row on its own: its drawn token, under its constraint's mask and followed
+by the tokens it forces, its verified drafts, or its score; a row that raises finishes alone with reason "error",
+``Row.error`` saying why). Finished, failed and cancelled rows give their blocks back before the next step.
 
-``tinygpt.generate`` (a batch of prompts), ``serving.engine.BatchEngine`` (a thread and request adapter) and the
+``tinygpt.generate`` (a batch of prompts), ``serving.engine.EngineThread`` (a thread and request adapter) and the
 lm-eval class's scoring all drive this one class; none lays out a cache of its own.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -25,17 +26,17 @@ from .blocks import RESERVED, BlockManager, prefix_root
 from .constraint import masked_logits
 from .row import Row, Score
 from .runner import ModelRunner, draw, draw_together, verify
-from .speculative import DraftController, DraftModels, LookupIndex, check_draft_model
+from .drafting import Drafter, DraftModels, Proposer, check_draft_model
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
-Proposer = Callable[[Sequence[int], int], list[int]]
 
 
 @dataclass
 class RowOutput:
     """What one step gave a row: its new tokens (0 while its prompt is still being prefilled), their raw logits
-    [len(tokens), V] when the row asked for them, and whether the row is now finished."""
+    [len(tokens), V] when the row asked for them (a scoring row: the logits of this step's scored positions, in
+    order), and whether the row is now finished."""
 
     row: Row
     tokens: list[int] = field(default_factory=list)
@@ -54,11 +55,8 @@ class InferenceEngine:
     prefilled in one piece); ``chunk_per_decode``: while rows decode, prompt tokens per step at most this many per
     decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
-    ``draft_model`` (a small model sharing the tokenizer, ``speculative.DraftModels``: greedy drafts, a cache per
-    row): rows feed up to k draft tokens with their last token and keep what the model's verification accepts (a
-    per-row ``DraftController`` picks k and pauses drafting for a row whose drafts keep failing). Prompt lookup
-    keeps a ``LookupIndex`` per row over everything the row has seen (a constant cost per token, where
-    ``propose_lookup`` scans the row at every step; after the window slides, the tokens before it still count).
+    ``draft_model`` (a small model sharing the tokenizer): rows feed up to k draft tokens with their last token and
+    keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
@@ -90,15 +88,14 @@ class InferenceEngine:
         if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
             raise ValueError(f"speculative_tokens={speculative_tokens!r} must be an integer >= 0")
         self.speculative_tokens = speculative_tokens
-        self.drafts: DraftModels | None = None
         if draft_model is not None:
             if proposer is not None:
                 raise ValueError("give a proposer or a draft_model, not both")
             check_draft_model(model, draft_model)
             if not speculative_tokens:
                 raise ValueError("a draft_model needs speculative_tokens >= 1 (the draft tokens per forward)")
-            self.drafts = DraftModels(draft_model)
-        self.proposer = proposer  # None: prompt lookup through each row's own index (``_lookup``)
+        self.drafter = (Drafter(speculative_tokens, self.context, proposer=proposer, draft_model=draft_model)
+                        if speculative_tokens else None)
         self.steps = 0
         self.max_rows_seen = 0
 
@@ -176,49 +173,53 @@ class InferenceEngine:
     @torch.inference_mode()
     def step(self) -> list[RowOutput]:
         """Run one scheduled forward; what it gave each row that took part (plus rows that failed alone)."""
-        for row in list(self.scheduler.waiting):
-            self._apply_window(row)
-        for row in list(self.scheduler.running):
-            self._apply_window(row)
-            row.draft = []
-            if self._draft_size(row) and row.pending == 1 and row.n_new:  # drafts follow a drawn token
-                if row.drafter is None:
-                    k = self.speculative_tokens
-                    row.drafter = DraftController(k_start=min(4, k), k_max=k)
-                k = min(row.drafter.k(), row.config.max_new_tokens - row.n_new - 1,
-                        self.context - row.window_length)
-                if k > 0:
-                    try:
-                        draft = (self.drafts.propose(row.id, row.window, k) if self.drafts is not None
-                                 else self.proposer(row.window, k) if self.proposer is not None
-                                 else _lookup(row, k))
-                        row.draft = [int(t) for t in draft][:k]
-                    except Exception:  # a draft is only a guess: without one the row decodes as usual
-                        traceback.print_exc(file=sys.stderr)
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if not plan:
             return []
-        self.steps += 1
-        self.max_rows_seen = max(self.max_rows_seen, len(self.scheduler.running))
-        outputs: list[RowOutput] = []
+        results = self._run(plan)
+        return self._postprocess(plan, results)
+
+    @property
+    def drafts(self) -> DraftModels | None:
+        """The draft model's per-row states (None without a draft model)."""
+        return None if self.drafter is None else self.drafter.drafts
+
+    def _schedule(self) -> list[tuple[Row, int]]:
+        """The context policy for rows that outgrew the context, each running row's draft, the scheduler's plan."""
+        running = list(self.scheduler.running)
+        for row in list(self.scheduler.waiting) + running:
+            self._apply_window(row)
+        if self.drafter is not None:
+            self.drafter.propose(running, lambda row: self._draft_size(row) > 0)
+        plan = self.scheduler.schedule()
+        if plan:
+            self.steps += 1
+            self.max_rows_seen = max(self.max_rows_seen, len(self.scheduler.running))
+        return plan
+
+    def _run(self, plan: list[tuple[Row, int]]) -> list[torch.Tensor | BaseException]:
+        """One forward over the plan: each row's logits. If the batched forward raises, each row runs alone once,
+        so that only the rows that fail alone fail (their entry is the error)."""
         try:
-            results = self.runner.forward(plan)
+            return list(self.runner.forward(plan))
         except Exception:
             traceback.print_exc(file=sys.stderr)
-            results = []
-            for row, n in plan:  # alone, so that only the rows that fail alone fail
-                try:
-                    results.extend(self.runner.forward([(row, n)]))
-                except Exception as err:
-                    results.append(None)
-                    outputs.append(self._fail(row, err))
-        shared = [(row, n, lg) for (row, n), lg in zip(plan, results)
-                  if lg is not None and not row.draft and row.config is not None and row.config.temperature > 0
-                  and row.constraint is None                  and row.computed + n == row.window_length and _shares_generator(row, plan)]
-        together = self._draw_shared(shared)
-        for (row, n), lg in zip(plan, results):
-            if lg is None:
-                continue
+        results: list[torch.Tensor | BaseException] = []
+        for row, n in plan:
+            try:
+                results.extend(self.runner.forward([(row, n)]))
+            except Exception as err:
+                results.append(err)
+        return results
+
+    def _postprocess(self, plan: list[tuple[Row, int]], results: list[torch.Tensor | BaseException]
+                     ) -> list[RowOutput]:
+        """Each row on its own: its tokens (drawn, verified drafts, forced by its constraint) or its score; a row
+        that raises fails alone. Then the finished rows leave and the computed full blocks are published."""
+        outputs = [self._fail(row, lg) for (row, _), lg in zip(plan, results) if isinstance(lg, BaseException)]
+        ran = [(row, n, lg) for (row, n), lg in zip(plan, results) if not isinstance(lg, BaseException)]
+        together = self._draw_shared([(row, n, lg) for row, n, lg in ran if _draws_together(row, n, plan)])
+        for row, n, lg in ran:
             try:
                 outputs.append(self._advance(row, n, lg, together.get(row.id)))
             except Exception as err:
@@ -252,11 +253,7 @@ class InferenceEngine:
             return self._advance_score(row, n, logits)
         if row.draft:
             tokens = verify(row, logits)
-            row.drafted += len(row.draft)
-            row.accepted += len(tokens) - 1
-            row.drafter.update(len(row.draft), len(tokens) - 1)
-            if self.drafts is not None:
-                self.drafts.accept(row.id, len(tokens) - 1)
+            self.drafter.verified(row, len(tokens) - 1)
             row.computed += len(tokens)  # the fed last token and the accepted drafts; the final token is new
             kept = logits[:len(tokens)]
         else:
@@ -313,25 +310,23 @@ class InferenceEngine:
         row.computed += n
         if row.pending == 0:
             row.finish_reason = "length"
-        return RowOutput(row)
+        return RowOutput(row, logits=logits if row.want_logits else None)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _remove(self, row: Row) -> None:
         self.scheduler.remove(row)
-        if self.drafts is not None:
-            self.drafts.release(row.id)
+        if self.drafter is not None:
+            self.drafter.release(row)
 
     def run_until_done(self) -> None:
         while self.has_work:
             self.step()
 
 
-def _lookup(row: Row, k: int) -> list[int]:
-    """Prompt lookup over the row's tokens, which only grow: its index takes only what was appended since."""
-    if row.lookup is None:
-        row.lookup = LookupIndex()
-    row.lookup.update(row.tokens)
-    return row.lookup.propose(k)
+def _draws_together(row: Row, n: int, plan: Sequence[tuple[Row, int]]) -> bool:
+    """A sampled row drawing its next token this step with a generator other planned rows share."""
+    return (not row.draft and row.config is not None and row.config.temperature > 0 and row.constraint is None
+            and row.computed + n == row.window_length and _shares_generator(row, plan))
 
 
 def _shares_generator(row: Row, plan: Sequence[tuple[Row, int]]) -> bool:

@@ -38,7 +38,7 @@ class Row:
     config: GenerationConfig | None = None  # None: a scoring row
     scored: int = 0  # scoring rows: the last ``scored`` tokens are scored (the window is tokens[:-1])
     generator: torch.Generator | None = None
-    want_logits: bool = False  # hand each drawn token's raw logits to the caller (log-probabilities)
+    want_logits: bool = False  # hand each drawn (or scored) token's raw logits to the caller (log-probabilities)
     reuse: bool = True  # may take cached prefix blocks
     adapter: int = -1  # which attached LoRA adapter (multi_lora) the row runs with; -1: the base model
     tag: Any = None  # the caller's handle

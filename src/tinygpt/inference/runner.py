@@ -20,7 +20,7 @@ from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
 from .blocks import SCRATCH_BLOCK
 from .row import Row
-from .speculative import verify as speculative_verify
+from .acceptance import verify as speculative_verify
 
 
 def feed_of(row: Row, n: int) -> list[int]:
@@ -97,5 +97,5 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
 def verify(row: Row, logits: torch.Tensor) -> list[int]:
     """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
     drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
-    rule with the row's own generator (exactly the target's distribution): ``speculative.verify``."""
+    rule with the row's own generator (exactly the target's distribution): ``acceptance.verify``."""
     return speculative_verify(logits.float(), row.tokens, row.draft, row.config, generator=row.generator)

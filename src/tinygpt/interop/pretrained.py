@@ -116,7 +116,7 @@ def load_draft(source: str | Path, model: torch.nn.Module, tokenizer: Tokenizer 
     loads any model. It must share the tokenizer: the same vocabulary size, and where both have a tokenizer, the
     same ids for a probe text and for the text of the model's first tokens; otherwise a ``ValueError`` says which
     differs."""
-    from ..inference.speculative import check_draft_model
+    from ..inference.drafting import check_draft_model
 
     draft, own = load_pretrained(source, device=device)
     try:

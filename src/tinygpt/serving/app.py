@@ -3,7 +3,7 @@
 One handler per endpoint, at module level (as vLLM's API server has them); the app is the list of routes over one
 ``ServerState`` (``request.app.state.tinygpt``) behind the edge's middleware (``serving.edge``). Handlers only
 translate: a body is checked by ``protocol``, its prompts are tokenized (off the event loop), one ``EngineRequest``
-per choice goes to the ``BatchEngine`` (whose thread runs the model), and the engine's events come back as one
+per choice goes to the ``EngineThread`` (whose thread runs the model), and the engine's events come back as one
 JSON answer or as Server-Sent Events (``data: {chunk}`` ... ``data: [DONE]``, what the official ``openai`` client
 parses). A client that goes away, streaming or not, cancels its rows; the engine drops them before its next step.
 A stream that ends in an error (a failed row, a shutdown) sends the error object as its last event, then

@@ -16,12 +16,11 @@ settings, its sink) finishes alone with reason "error"; the others carry on and 
 from __future__ import annotations
 
 import collections
-import contextlib
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -30,7 +29,6 @@ from ..devices import autocast
 from ..generation import GenerationConfig
 from ..inference.engine import InferenceEngine
 from ..inference.row import Row
-from ..multi_lora import use_adapters
 from ..text_stream import TextCodec, TextStreamer
 
 DEFAULT_TOKEN_BUDGET = 256  # tokens per forward; see docs/serving.md for the measurement that chose both
@@ -38,11 +36,11 @@ DEFAULT_CHUNK_PER_DECODE = 8  # while rows decode, prompt tokens per step per de
 
 
 class QueueFull(Exception):
-    """Raised by ``BatchEngine.submit`` when the waiting queue cannot take the request's rows."""
+    """Raised by ``EngineThread.submit`` when the waiting queue cannot take the request's rows."""
 
 
 class EngineStopped(Exception):
-    """Raised by ``BatchEngine.submit`` once the engine is shutting down."""
+    """Raised by ``EngineThread.submit`` once the engine is shutting down."""
 
 
 @dataclass
@@ -113,23 +111,28 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
-def _adapter(model: nn.Module, adapter: int) -> ContextManager[None]:
-    """A whole forward [1, T] of one row with ``adapter`` (-1: the base)."""
-    return contextlib.nullcontext() if adapter < 0 else use_adapters(model, [adapter])
-
-
 class _Live:
-    """A request on the engine: its core row and its text."""
+    """A request on the engine: its core row and its text. With ``prompt_logprobs`` the prompt is first a scoring
+    row of the core (``scoring``: scheduled under the token budget like any row, its logits gathered step by step);
+    the generation row joins the core once the prompt's log-probabilities are out."""
 
     def __init__(self, req: EngineRequest, row: Row, tokenizer: TextCodec) -> None:
         self.req, self.row = req, row
+        self.scoring: Row | None = None
+        self.prompt_logits: list[torch.Tensor] = []  # the scoring row's logits so far, [m, V] each
         self.text = TextStreamer(tokenizer, req.stop_texts)
         self.count = 0  # tokens delivered (the end-of-text one included)
         self.done = False
 
+    @property
+    def current(self) -> Row:
+        """The request's row in the core now."""
+        return self.row if self.scoring is None else self.scoring
 
-class BatchEngine:
-    """A thread that runs the inference core; ``submit`` is thread-safe and events reach each request's ``sink``.
+
+class EngineThread:
+    """The server's thread and request adapter over the one inference core (``inference.engine.InferenceEngine``):
+    a thread that steps the core; ``submit`` is thread-safe and events reach each request's ``sink``.
 
     ``max_batch`` rows decode together; ``max_queue`` bounds the rows that wait for a place (beyond it ``submit``
     raises ``QueueFull``). ``token_budget``: tokens per forward (decodes first, then chunks of prompts).
@@ -206,7 +209,7 @@ class BatchEngine:
             return self._load()
 
     def _load(self) -> dict[str, int]:
-        running = sum(1 for live in list(self._live.values()) if live.row in self.core.scheduler.running)
+        running = sum(1 for live in list(self._live.values()) if live.current in self.core.scheduler.running)
         return {"running": running, "waiting": len(self._live) - running + len(self._inbox)}
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -274,8 +277,8 @@ class BatchEngine:
         if live.done:
             return
         live.done = True
-        self._live.pop(live.row.id, None)
-        self.core.cancel(live.row)
+        self._live.pop(live.current.id, None)
+        self.core.cancel(live.current)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
         event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
         self._emit(live.req, event)
@@ -289,28 +292,43 @@ class BatchEngine:
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
                       want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
-            if req.prompt_logprobs:
-                ids = torch.tensor([req.prompt], device=self.device)  # [1, P]
-                with _adapter(self.model, req.adapter):
-                    scored = self._prompt_logprobs(ids, req.logprobs or 0)
-                if not self._emit(req, PromptLogprobs(scored)):
+            live = _Live(req, row, self.tokenizer)
+            if req.prompt_logprobs and len(req.prompt) > 1:
+                # position t predicts token t + 1: the scoring row feeds the first P - 1 tokens (a C + 1-token
+                # prompt is scored as lm-eval's HF class scores it, the model reading C tokens)
+                live.scoring = Row(list(req.prompt), None, scored=len(req.prompt) - 1, want_logits=True, tag=req,
+                                   adapter=req.adapter)
+                self.core.add(live.scoring)
+            else:
+                if req.prompt_logprobs and not self._emit(req, PromptLogprobs([TokenInfo(req.prompt[0])])):
                     raise RuntimeError("the request's sink failed")
-            self.core.add(row)
+                self.core.add(row)
         except Exception as err:
             self._emit(req, Finish("error", message=f"{type(err).__name__}: {err}", prompt_tokens=len(req.prompt)))
             return
-        self._live[row.id] = _Live(req, row, self.tokenizer)
+        self._live[live.current.id] = live
 
-    def _prompt_logprobs(self, ids: torch.Tensor, top: int) -> list[TokenInfo]:
-        """Each prompt token's log-probability given the tokens before it (the first has none). ids [1, P]."""
-        # position t predicts token t + 1, so P tokens need only their first min(P, C) fed: a C + 1-token window
-        # is scored as lm-eval's HF class scores it (the model reads C tokens)
-        logprobs = self.model(ids[:, :self.model.config.context_length])[0].float().log_softmax(-1)  # [P', V]
-        prompt = ids[0].tolist()
-        out = [TokenInfo(prompt[0], None, [])]
-        for t in range(1, len(prompt)):
-            out.append(TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]), _top(logprobs[t - 1], top)))
-        return out
+    def _scored(self, live: _Live, logits: torch.Tensor | None) -> None:
+        """A step of the request's scoring row; once it is done, each prompt token's log-probability given the
+        tokens before it (the first has none) goes out, and the generation row joins the core."""
+        scoring = live.scoring
+        if logits is not None:
+            live.prompt_logits.append(logits)
+        if scoring.finish_reason == "error":
+            self._finish(live, Finish("error", message=scoring.error))
+            return
+        if not scoring.finished:
+            return
+        logprobs = torch.cat(live.prompt_logits).float().log_softmax(-1)  # [P - 1, V]
+        prompt, top = live.req.prompt, live.req.logprobs or 0
+        tokens = [TokenInfo(prompt[0])] + [TokenInfo(prompt[t], float(logprobs[t - 1, prompt[t]]),
+                                                      _top(logprobs[t - 1], top)) for t in range(1, len(prompt))]
+        self._live.pop(scoring.id, None)
+        live.scoring, live.prompt_logits = None, []
+        self._live[live.row.id] = live
+        if not self._emit(live.req, PromptLogprobs(tokens)):
+            raise RuntimeError("the request's sink failed")
+        self.core.add(live.row)
 
     def _drop_cancelled(self) -> None:
         for live in list(self._live.values()):
@@ -324,7 +342,10 @@ class BatchEngine:
             if live is None:
                 continue
             try:
-                self._deliver(live, out.tokens, out.logits)
+                if out.row is live.scoring:
+                    self._scored(live, out.logits)
+                else:
+                    self._deliver(live, out.tokens, out.logits)
             except Exception as err:
                 traceback.print_exc(file=sys.stderr)
                 self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
@@ -353,3 +374,6 @@ class BatchEngine:
             self._finish(live, Finish("stop", live.text.finish()))
         elif row.finish_reason == "length":
             self._finish(live, Finish("length", live.text.finish()))
+
+
+BatchEngine = EngineThread  # the name before the redesign (#35), for imports written against it

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from torch import nn
 
 from ..generation import GenerationConfig
-from ..inference.speculative import check_draft_model
+from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
-from .engine import BatchEngine, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .options import ServeOptions
 from .protocol import APIError, Sampling, bad
 
@@ -150,7 +150,7 @@ class ServerState:
         self.n_layers = len(model.trf_blocks)
         self.eos_id = getattr(tokenizer, "eot_id", None)
         self.created = int(time.time())
-        self.engine: BatchEngine | None = None
+        self.engine: EngineThread | None = None
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
@@ -160,7 +160,7 @@ class ServerState:
     # ------------------------------------------------------------------------------------------ lifespan
     def start(self) -> None:
         o = self.options
-        self.engine = BatchEngine(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
+        self.engine = EngineThread(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
                                   speculative_tokens=o.speculative_tokens if self.speculative != "off" else 0,
@@ -193,7 +193,7 @@ class ServerState:
             choices.abort(message)
         return len(self.open)
 
-    def running_engine(self) -> BatchEngine:
+    def running_engine(self) -> EngineThread:
         if self.engine is None:
             raise APIError(503, "the server is not running (starting or shutting down)")
         return self.engine

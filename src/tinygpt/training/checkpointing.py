@@ -150,7 +150,7 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
 def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
     """Load a checkpoint's model weights into ``stage.policy`` and its heads' into ``stage.heads`` (in place, before
     the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's."""
-    from ..checkpoint import load_config, load_model
+    from ..checkpoint import load_config, load_weights_into
     from ..lora import is_adapted
     from ..tokenizer import load_tokenizer
 
@@ -176,8 +176,7 @@ def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
 
         load_lora_state_dict(stage.policy, adapter.state, source=str(directory))
     else:
-        saved = load_model(directory, device=stage.device)
-        stage.policy.load_state_dict(saved.state_dict())
+        load_weights_into(stage.policy, directory)
     stage.heads.load_state_dict(state["heads"])
 
 

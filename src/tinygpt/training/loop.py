@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..config import DEFAULT_SEED  # noqa: F401  (also imported from here)
 from ..devices import autocast
 from ..fileio import RUN, atomic_write_text, check_save_target
 from ..model import GPTModel
@@ -39,7 +40,6 @@ from .optim import Schedule, build_optimizer, optimizer_step
 from .options import LoopOptions
 from .stage import Stage
 
-DEFAULT_SEED = 1337  # options without a seed and a stage without one of its own: the seed of every command
 
 
 @dataclass(frozen=True)

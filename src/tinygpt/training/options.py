@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import checks
 from ..checks import option
-from ..config import GPTConfig
+from ..config import DEFAULT_SEED, GPTConfig
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
 
@@ -46,7 +46,7 @@ class LoopOptions:
     checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
                                           default_help="--eval-every")
     keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
-    seed: int | None = option(1337, "seed of init, data order and dropout")
+    seed: int | None = option(DEFAULT_SEED, "seed of init, data order and dropout")
     device: str | None = option(None, "cpu, cuda or cuda:N", default_help="cuda when available")
     dtype: str = option("auto", "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, "
                                 "else float32", choices=DTYPES)
@@ -101,7 +101,7 @@ class TrainingOptions(LoopOptions):
     context_length: int | None = option(None, "override the config's context length C", metavar="C",
                                         default_help="the config's")
     max_steps: int = option(2000, "optimizer steps in all")
-    seed: int = option(1337, "seed of init, data order and dropout")
+    seed: int = option(DEFAULT_SEED, "seed of init, data order and dropout")
     batch_size: int = option(16, "windows per micro-batch per process")
     grad_accum: int = option(1, "micro-batches per optimizer step")
     eval_iters: int = option(20, "batches per split in each evaluation")
