@@ -14,10 +14,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
-from ..chat_template import ChatTemplate, end_of_turn
+from ..chat_template import ChatTemplate, RenderLimits, end_of_turn
 from ..generation import GenerationConfig
 from ..text_stream import TextCodec, stream_text
-from .data import ALPACA_CHAT_TEMPLATE
+from .data import ALPACA_CHAT_TEMPLATE, ALPACA_CHAT_TEMPLATE_V1
 
 EXIT_COMMAND = "/exit"
 STOP_TEXTS = ("\n### Instruction:", "\n### Input:", "\n### Response:")
@@ -33,11 +33,11 @@ def require_chat_template(tokenizer: TextCodec, what: str, instead: str) -> Chat
     return template
 
 
-def template_stop_texts(template: ChatTemplate) -> tuple[str, ...]:
+def template_stop_texts(template: ChatTemplate, limits: RenderLimits | None = None) -> tuple[str, ...]:
     """Where an answer in ``template``'s format ends, besides the end-of-text token: the template's end-of-turn
-    text, and for the Alpaca template the starts of its sections."""
-    end = end_of_turn(template)
-    return (*(STOP_TEXTS if template.source == ALPACA_CHAT_TEMPLATE else ()), *((end,) if end else ()))
+    text (rendered within ``limits``), and for the Alpaca template the starts of its sections."""
+    end = end_of_turn(template, limits)
+    return (*(STOP_TEXTS if template.source in (ALPACA_CHAT_TEMPLATE, ALPACA_CHAT_TEMPLATE_V1) else ()), *((end,) if end else ()))
 
 
 def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Callable[[str], None],

@@ -41,6 +41,7 @@ class Row:
     want_logits: bool = False  # hand each drawn (or scored) token's raw logits to the caller (log-probabilities)
     reuse: bool = True  # may take cached prefix blocks
     adapter: int = -1  # which attached LoRA adapter (multi_lora) the row runs with; -1: the base model
+    cache_salt: str | None = None  # shares cached prefix blocks only with rows of the same salt (``blocks``)
     tag: Any = None  # the caller's handle
     id: int = field(default_factory=lambda: next(_ids))
     prompt_len: int = 0
@@ -60,6 +61,7 @@ class Row:
     lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
     constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
+    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list

@@ -33,16 +33,20 @@ from starlette.routing import Route
 from torch import nn
 
 from ..text_stream import TextCodec
-from .chat_format import chat_prompt
 from .edge import BodyGuard, HostGuard
+from .embeddings import embeddings
 from .engine import Finish, PromptLogprobs, Step, TokenInfo
 from .inspect import inspect_text
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .options import ServeOptions
 from .protocol import (
     MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
-    parse_json, parse_tokenize,
+    parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
+from .structured import (
+    ToolSpec, auto_calls, compile_spec, read_chat, read_completion, template_writes_calls, tool_calls,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -53,8 +57,9 @@ def _state(request: Request) -> ServerState:
 
 async def _body(request: Request) -> dict[str, Any]:
     """The authorized request's JSON body, parsed and checked off the event loop (a large body takes a while)."""
-    _state(request).authorize(request)
-    return await asyncio.to_thread(parse_json, await request.body())
+    state = _state(request)
+    state.authorize(request)
+    return await state.parse(await request.body())
 
 
 def _usage(state: ServerState, prompt_tokens: int, usage: Usage) -> dict[str, Any]:
@@ -103,7 +108,8 @@ def _completion_logprobs(state: ServerState, tokens: list[TokenInfo], offset: in
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_completion(await _body(request))
+    body = await _body(request)
+    req = read_completion(parse_completion(body), body)
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
@@ -117,7 +123,9 @@ async def completions(request: Request) -> Response:
     limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), state.context,
                              scoring=scoring) for ids in prompts]
     prompt_texts = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in req.prompts]
-    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, scoring, adapter)
+    grammar = None if req.constraint is None else await asyncio.to_thread(
+        compile_spec, req.constraint, state.tokenizer, state.vocab)  # off the loop: up to a second
+    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, scoring, adapter, grammar)
     rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
     n_prompt = sum(len(ids) for ids in prompts)
 
@@ -151,7 +159,7 @@ async def completions(request: Request) -> Response:
                     if error is not None:
                         yield _sse(error.body())
                         break
-                    usage.add(event)
+                    usage.add(event, index // n)
                     yield _sse(chunk(index, event.text, None, event.reason))
             else:
                 if sampling.include_usage:
@@ -165,15 +173,21 @@ async def completions(request: Request) -> Response:
     if answer is None:
         return _gone()
     texts, tokens, reasons, usage = answer
-    out = []
-    for index, text in enumerate(texts):
-        prefix = prompt_texts[index // n] if req.echo else ""
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs = _completion_logprobs(state, tokens[index], 0)
-        out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
-    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": served,
-                         "choices": out, "usage": _usage(state, n_prompt, usage)})
+
+    def body() -> bytes:  # with logprobs it grows with n x the prompt: built off the event loop
+        out = []
+        for index, text in enumerate(texts):
+            prefix = prompt_texts[index // n] if req.echo else ""
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = _completion_logprobs(state, tokens[index], 0)
+            out.append({"index": index, "text": prefix + text, "logprobs": logprobs,
+                        "finish_reason": reasons[index]})
+        return json.dumps({"id": rid, "object": "text_completion", "created": now, "model": served,
+                           "choices": out, "usage": _usage(state, n_prompt, usage)}).encode()
+
+    return Response(body() if req.logprobs is None else await asyncio.to_thread(body),
+                    media_type="application/json")
 
 
 # ------------------------------------------------------------------------------------- /v1/chat/completions
@@ -185,19 +199,27 @@ def _chat_logprob(state: ServerState, t: TokenInfo) -> dict[str, Any]:
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_chat(await _body(request))
+    body = await _body(request)
+    req = read_chat(parse_chat(body), body, template_writes_calls(getattr(state.tokenizer, "chat_template", None)))
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
     # the chat template of the model asked for: an adapter's own folder's (the one it was fine-tuned in), else the
-    # base checkpoint's; none: 400 (the page offers Completion). Off the loop: a long text.
-    try:
-        ids, template_stops = await asyncio.to_thread(chat_prompt, state.chat_tokenizer(adapter), req.messages)
-    except ValueError as err:
-        raise bad("messages", str(err)) from None
+    # base checkpoint's; none: 400 (the page offers Completion). Off the loop and bounded in time and size
+    # (``ServerState.chat_prompt``).
+    prompt = await state.chat_prompt(request, req.messages, req.extras,
+                                     None if req.tools is None else req.tools.tools, adapter=adapter)
+    if prompt is None:
+        return _gone()
+    ids, template_stops = prompt
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
+    grammar = None
+    if req.constraint is not None:  # the grammar ends the answer: the template's stop texts could cut a JSON string
+        template_stops = ()
+        grammar = await asyncio.to_thread(compile_spec, req.constraint, state.tokenizer, state.vocab)
     stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
-    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter)
+    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter, grammar)
+    calls = req.tools if req.tools is not None and req.tools.choice != "none" else None  # read it for tool calls
     rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
@@ -209,8 +231,12 @@ async def chat_completions(request: Request) -> Response:
             for index in range(sampling.n):
                 yield _sse(chunk(index, {"role": "assistant", "content": ""}))
             usage = Usage()
+            held = [""] * sampling.n  # tool calls: the text is held until it is whole, then sent as the calls
             async for index, event in choices.events():
                 if isinstance(event, Step):
+                    if calls is not None:
+                        held[index] += event.text
+                        continue
                     if not event.text and req.logprobs is None:
                         continue
                     logprobs = None if req.logprobs is None else {"content": [_chat_logprob(state, event.token)]}
@@ -221,9 +247,16 @@ async def chat_completions(request: Request) -> Response:
                         yield _sse(error.body())
                         break
                     usage.add(event)
-                    if event.text:
+                    reason = event.reason
+                    if calls is not None:
+                        message, reason = _answer(held[index] + event.text, reason, calls)
+                        delta = {} if message["content"] is None else {"content": message["content"]}
+                        if "tool_calls" in message:
+                            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                        yield _sse(chunk(index, delta))
+                    elif event.text:
                         yield _sse(chunk(index, {"content": event.text}))
-                    yield _sse(chunk(index, {}, None, event.reason))
+                    yield _sse(chunk(index, {}, None, reason))
             else:
                 if sampling.include_usage:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now,
@@ -237,11 +270,26 @@ async def chat_completions(request: Request) -> Response:
     if answer is None:
         return _gone()
     texts, tokens, reasons, usage = answer
-    out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-            "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t) for t in tokens[i]]},
-            "finish_reason": reasons[i]} for i in range(sampling.n)]
+    out = []
+    for i in range(sampling.n):
+        message, reason = _answer(texts[i], reasons[i], calls)
+        out.append({"index": i, "message": message, "finish_reason": reason,
+                    "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t)
+                                                                               for t in tokens[i]]}})
     return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": served,
                          "choices": out, "usage": _usage(state, len(ids), usage)})
+
+
+def _answer(text: str, reason: str, calls: ToolSpec | None) -> tuple[dict[str, Any], str]:
+    """A chat choice's message and finish reason: the text, or (tool_choice required / named / auto when the model
+    called) its tool calls with ``finish_reason: "tool_calls"``; a call cut by max_tokens stays text, with reason
+    "length"."""
+    content, parsed = text, None
+    if calls is not None and reason == "stop":
+        content, parsed = auto_calls(text, calls) if calls.auto else (None, tool_calls(text, calls))
+    if parsed is None:
+        return {"role": "assistant", "content": text}, reason
+    return {"role": "assistant", "content": content, "tool_calls": parsed}, "tool_calls"
 
 
 # ------------------------------------------------------------------------------------------ the rest
@@ -286,7 +334,7 @@ async def tokenize(request: Request) -> Response:
         return json.dumps({"tokens": ids, "count": len(ids), "max_model_len": state.context,
                            "pieces": [state.token_text(t) for t in ids]}).encode()
 
-    return Response(await asyncio.to_thread(answer), media_type="application/json")
+    return Response(await state.utility(answer), media_type="application/json")
 
 
 async def tokenizer_info(request: Request) -> Response:
@@ -304,16 +352,35 @@ async def detokenize(request: Request) -> Response:
     name, ids = parse_detokenize(await _body(request))
     state.check_model(name)
     state.check_ids(ids, "tokens")
-    return JSONResponse({"prompt": await asyncio.to_thread(state.tokenizer.decode, ids)})
+    return JSONResponse({"prompt": await state.utility(lambda: state.tokenizer.decode(ids))})
+
+
+class _HeldResponse(Response):
+    """A response that holds a place until its body is sent (or its client is gone): an answer left unread stays
+    counted (``/inspect``'s place in the queue), so unread answers are bounded in number as well as in time
+    (``--write-timeout``)."""
+
+    def __init__(self, body: bytes, place: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        super().__init__(body, media_type="application/json")
+        self.place = place
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.place.__aexit__(None, None, None)
 
 
 async def inspect(request: Request) -> Response:
-    """Admitted through the queue before any work (``ServerState.inspect_place``); its size is bounded by the token
-    limit below."""
+    """Admitted through the queue before any work (``ServerState.inspect_place``), which it holds until its answer
+    is sent; its size is bounded by the token limit below."""
     state = _state(request)
     state.authorize(request)
-    async with state.inspect_place():
+    place = state.inspect_place()
+    await place.__aenter__()
+    try:
         req = parse_inspect(await _body(request))
+        adapter = state.check_model(req.model)
         ids = await asyncio.to_thread(state.encode, req.text, "text")
         limit = min(state.context, MAX_INSPECT_TOKENS)
         if len(ids) > limit:
@@ -321,10 +388,21 @@ async def inspect(request: Request) -> Response:
         if req.layer >= state.n_layers:
             raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
                                f"{req.layer}")
-        result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
-                                                              top=req.top, logit_lens=req.logit_lens))
-        body = await asyncio.to_thread(lambda: json.dumps(result).encode())
-    return Response(body, media_type="application/json")
+        # the answer's JSON is built on the engine's thread too: its time counts in the inspection's share
+        body = await state.run_inspect(lambda: json.dumps(inspect_text(
+            state.model, state.tokenizer, ids, layer=req.layer, top=req.top, logit_lens=req.logit_lens,
+            adapter=adapter)).encode())
+    except BaseException:
+        await place.__aexit__(None, None, None)
+        raise
+    return _HeldResponse(body, place)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format under vLLM's names (``serving.metrics``). Open without the API key, as vLLM's is
+    (its key guards /v1 only): a gateway's or Prometheus' scraper reads it as it reads vLLM's."""
+    state = _state(request)
+    return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
 
 def _page() -> str:
@@ -389,6 +467,8 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
     Route("/inspect", inspect, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
 ]
 
 

@@ -11,21 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
 from torch import nn
 
+from ..chat_template import RenderLimits
 from ..generation import GenerationConfig
 from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
+from .chat_format import chat_text, encode_chat, prompt_char_limit
 from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .metrics import ServerMetrics, scheduler_reading
 from .options import ServeOptions
-from .protocol import APIError, Sampling, bad
+from .protocol import APIError, Sampling, bad, parse_json
+
+INLINE_JSON_BYTES = 16384  # a body this small is parsed on the event loop (well under a millisecond)
+PARSE_THREADS = 2  # larger bodies: parsed on their own threads, never queued behind /tokenize's work
+UTILITY_THREADS = 1  # /tokenize and /detokenize: their own thread, so they never delay a generation request (one:
+# tokenizing is Python work under the GIL, so more threads add no speed, only contention with the engine's thread)
 
 RETRY_AFTER_SECONDS = 1
 
@@ -48,15 +58,27 @@ def finish_error(event: Finish) -> APIError | None:
 class Choices:
     """The events of one request's rows, gathered on the event loop."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, metrics: ServerMetrics | None = None) -> None:
+        self.metrics = metrics
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.requests: list[EngineRequest] = []
         self.finished: set[int] = set()
         self.count = count
+        self.per_prompt = 1  # rows per prompt (the request's n)
 
     def sink(self, index: int) -> Callable[[Any], None]:
-        return lambda event: self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+        timer = None if self.metrics is None else self.metrics.row_timer()
+
+        def put(event: Any) -> None:
+            if timer is not None:  # timed on the engine's thread, at the event's own moment
+                if isinstance(event, Step):
+                    timer.step()
+                elif isinstance(event, Finish):
+                    timer.finish(event.reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+        return put
 
     async def events(self) -> AsyncIterator[tuple[int, Any]]:
         """(choice index, event) until every row finished; after ``abort`` every open row finishes "cancelled"."""
@@ -100,7 +122,7 @@ class Choices:
                     raise error
                 texts[index] += event.text
                 reasons[index] = event.reason
-                usage.add(event)
+                usage.add(event, index // self.per_prompt)
         return texts, tokens, reasons, usage
 
 
@@ -113,16 +135,26 @@ class Usage:
     completion_tokens: int = 0
     accepted_drafts: int = 0
     rejected_drafts: int = 0
+    cached: dict[int, int] = field(default_factory=dict)  # per prompt: the largest prefix-cache hit of its rows
 
-    def add(self, finish: Finish) -> None:
+    def add(self, finish: Finish, prompt: int = 0) -> None:
+        """A row's counts; ``prompt``: which of the request's prompts it answers (its n choices share one)."""
         self.completion_tokens += finish.completion_tokens
         self.accepted_drafts += finish.accepted_drafts
         self.rejected_drafts += finish.rejected_drafts
+        self.cached[prompt] = max(self.cached.get(prompt, 0), finish.cached_tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        """OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens whose keys came from the prefix cache
+        (each prompt counted once, as ``prompt_tokens`` counts it)."""
+        return sum(self.cached.values())
 
     def to_dict(self, prompt_tokens: int, drafts: bool) -> dict[str, Any]:
         """The ``usage`` object; with ``drafts`` (the server drafts) its ``completion_tokens_details`` too."""
         out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
-                               "total_tokens": prompt_tokens + self.completion_tokens}
+                               "total_tokens": prompt_tokens + self.completion_tokens,
+                               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
         if drafts:
             out["completion_tokens_details"] = {"accepted_prediction_tokens": self.accepted_drafts,
                                                 "rejected_prediction_tokens": self.rejected_drafts}
@@ -154,12 +186,38 @@ class ServerState:
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
+        self._check_capacity()
+        self._pools()
+        self.max_prompt_chars, self._prompt_chars_note = prompt_char_limit(
+            tokenizer, self.context, self.text_vocab, options.max_body_bytes)
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
+        self.metrics = ServerMetrics(self.model_name, lambda: None if self.engine is None
+                                     else scheduler_reading(self.engine))
 
     # ------------------------------------------------------------------------------------------ lifespan
+    def _check_capacity(self) -> None:
+        """Refuse settings no request could be served with: the cache must hold one row of a whole context plus
+        its draft tokens (a row may reach the context, and drafts are written before they are verified)."""
+        o = self.options
+        drafts = o.speculative_tokens if self.speculative != "off" else 0
+        cache = o.cache_tokens if o.cache_tokens is not None else o.max_batch * self.context
+        if cache < self.context + drafts:
+            given = f"--cache-tokens {o.cache_tokens}" if o.cache_tokens is not None else (
+                f"the default cache (--max-batch {o.max_batch} x the context)")
+            parts = f"the model's context of {self.context}" + (f" + --speculative-tokens {drafts}" if drafts else "")
+            raise ValueError(f"{given} holds {cache} positions, but one row may need {self.context + drafts} "
+                             f"({parts}): raise --cache-tokens" + (" or lower --speculative-tokens" if drafts else ""))
+
+    def _pools(self) -> None:
+        self.parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tinygpt-parse")
+        self.utility_pool = ThreadPoolExecutor(UTILITY_THREADS, thread_name_prefix="tinygpt-utility")
+        self._pools_open = True
+
     def start(self) -> None:
         o = self.options
+        if not self._pools_open:  # started again after a stop
+            self._pools()
         self.engine = EngineThread(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
@@ -186,6 +244,9 @@ class ServerState:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
+        for pool in (self.parse_pool, self.utility_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools_open = False
 
     def abort_all(self, message: str = "the server shut down before the request finished") -> int:
         """End every request in flight with an error (streams: an error event and ``[DONE]``); returns how many."""
@@ -256,6 +317,49 @@ class ServerState:
                              else ""))
         return ids
 
+    async def parse(self, raw: bytes) -> dict[str, Any]:
+        """A request body as JSON (``protocol.parse_json``): a small one on the loop, a larger one on the parse
+        threads (``parse_pool``), which nothing else uses."""
+        if len(raw) <= INLINE_JSON_BYTES:
+            return parse_json(raw)
+        return await asyncio.get_running_loop().run_in_executor(self.parse_pool, parse_json, raw)
+
+    async def utility(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the /tokenize and /detokenize threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.utility_pool, fn)
+
+    # ------------------------------------------------------------------------------------------ chat prompts
+    async def chat_prompt(self, request: Request, messages: list[tuple[str, str]],
+                          extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+                          *, adapter: int = -1) -> tuple[list[int], tuple[str, ...]] | None:
+        """(prompt ids, stop texts) of a conversation (with its tool calls and tools: ``chat_format.render_chat``)
+        through the model's chat template, rendered off the loop
+        within ``--template-timeout`` and ``max_prompt_chars`` (checked before any token is made, as the text
+        streams out), and stopped when the client leaves (None then). 400 naming the template for anything it
+        refuses or any limit it passes. ``adapter``: whose template (``chat_tokenizer``)."""
+        tokenizer = self.chat_tokenizer(adapter)
+        cancelled = threading.Event()
+        limits = RenderLimits(self.options.template_timeout, self.max_prompt_chars, cancelled,
+                              self._prompt_chars_note)
+
+        def work() -> tuple[list[int], tuple[str, ...]]:
+            text, stops = chat_text(tokenizer, messages, extras, tools, limits)
+            return encode_chat(tokenizer, text), stops
+
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                cancelled.set()  # the rendering stops at the template's next line
+                return None
+            try:
+                return task.result()
+            except ValueError as err:
+                raise bad("messages", str(err)) from None
+        finally:
+            gone.cancel()
+
     # ------------------------------------------------------------------------------------------ token text
     def token_bytes(self, token: int) -> bytes:
         if token >= self.text_vocab:
@@ -276,9 +380,10 @@ class ServerState:
 
     # ------------------------------------------------------------------------------------------ work
     def submit(self, prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
-               logprobs: int | None, prompt_logprobs: bool, adapter: int = -1) -> Choices:
-        """One engine row per (prompt, choice), run with ``adapter`` (``check_model``'s); all or none are queued
-        (429 when the queue cannot take them)."""
+               logprobs: int | None, prompt_logprobs: bool, adapter: int = -1, grammar: Any = None) -> Choices:
+        """One engine row per (prompt, choice), run with ``adapter`` (``check_model``'s) and, with ``grammar``
+        (``inference.grammar.Grammar``), each under its own constraint; all or none are queued (429 when the queue
+        cannot take them)."""
         o = self.options
         rows = len(prompts) * sampling.n
         if rows > o.max_batch + o.max_queue:
@@ -290,8 +395,10 @@ class ServerState:
             raise bad("n", f"{len(prompts)} prompt(s) x n={sampling.n} x their max_tokens = {total} new tokens; one "
                            f"request may ask for at most {budget} (--max-batch {o.max_batch} x the context of "
                            f"{self.context}): lower n or max_tokens")
-        choices = Choices(rows)
+        choices = Choices(rows, self.metrics)
+        choices.per_prompt = sampling.n
         eos_id = self.eos_id
+        device = next(self.model.parameters()).device
         for p, ids in enumerate(prompts):
             for j in range(sampling.n):
                 seed = None if sampling.seed is None else sampling.seed + j  # n seeded choices differ
@@ -301,7 +408,8 @@ class ServerState:
                     overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
-                    adapter=adapter))
+                    adapter=adapter, constraint=None if grammar is None else grammar.constraint(device),
+                    cache_salt=sampling.cache_salt))
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:
