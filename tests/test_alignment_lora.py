@@ -121,6 +121,8 @@ def test_sft_trains_on_a_double_quantised_base(tmp_path, alignment_model_dir):
     saved = json.loads((tmp_path / "sft" / "tinygpt_adapter.json").read_text())
     assert saved["lora"]["quantize"] == "nf4-dq"
     assert set(_adapter(tmp_path / "sft")) and all("lora_" in name for name in _adapter(tmp_path / "sft"))
+    _, tokenizer = load_pretrained(tmp_path / "sft")  # a QLoRA run chats too: its folder carries the template
+    assert tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE
 
 
 def test_lora_flag_errors(tmp_path, alignment_model_dir, capsys):
