@@ -120,7 +120,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
     settings = sampling_config(args, "generate")  # checked before the model is loaded
     model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
-                                                options.weights)
+                                                options.weights, base=options.base)
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
     draft = None
