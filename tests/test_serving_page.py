@@ -249,3 +249,37 @@ def test_inspect_views_label_show_exact_weights_and_grid_the_logit_lens(browser_
         page.screenshot(path=str(shots / "inspect.png"), full_page=True)
     for name in ("inspect-heatmap", "inspect-heads", "inspect-next", "inspect-lens", "inspect"):
         assert (shots / f"{name}.png").stat().st_size > 0
+
+
+def test_chat_with_a_lora_adapter_served_beside_a_base_without_a_template(browser_page, shots, tmp_path):
+    """``serve --model BASE --adapter sft=RUN``: the base has no template, the adapter folder carries the one it was
+    fine-tuned in; the page opens on the adapter's Chat, its reply is the merged model's, and picking the base
+    closes Chat again. A guide link opens a page of the guide."""
+    from lora_support import clone, trained_adapter
+    from tinygpt import lora
+    from tinygpt.interop.peft import save_adapter
+    from tinygpt.serving.app import create_app
+    from tinygpt.serving.server import BackgroundServer
+
+    page = browser_page
+    base, plain = tiny_model(context_length=96), tokenizer().with_chat_template(None)
+    adapted, _ = trained_adapter(base, lora.LoRAConfig(r=4), seed=3, scale=0.5)
+    save_adapter(adapted, tmp_path / "run", tokenizer=tokenizer())  # as a LoRA sft run saves it
+    with BackgroundServer(create_app(clone(base), plain, model_name="base", adapter=[f"sft={tmp_path / 'run'}"])) \
+            as server:
+        _open(page, server, "sft")
+        assert page.locator("#model-pick").is_visible() and page.locator("#view-chat").is_visible()
+        page.fill("#max_tokens", "6")
+        page.fill("#chat-input", "Name a colour.")
+        page.click("#send")
+        page.wait_for_function("window.tinygpt.reply !== null && window.tinygpt.reply.done")
+        assert page.locator("#messages .msg.error").count() == 0
+        want = generate_text(lora.merged_model(adapted), tokenizer(), render_chat([("user", "Name a colour.")]),
+                             max_new_tokens=6, stop_texts=["\n### Instruction:", "\n### Input:", "\n### Response:"])
+        assert page.evaluate("window.tinygpt.reply")["text"] == want
+        page.screenshot(path=str(shots / "chat-adapter.png"))
+        page.select_option("#model-pick", "base")
+        assert page.evaluate("window.tinygpt.card.id") == "base"
+        assert page.locator("#tab-chat").get_attribute("data-unavailable") == "true"
+        link = page.evaluate("document.querySelector('a[href^=\"docs/\"]').href")
+        assert page.goto(link).status == 200 and page.locator("body").text_content().lstrip().startswith("#")

@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 from importlib import resources
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
@@ -27,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from torch import nn
 
@@ -203,10 +204,11 @@ async def chat_completions(request: Request) -> Response:
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
-    # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
-    # Completion). Off the loop and bounded in time and size (``ServerState.chat_prompt``).
+    # the chat template of the model asked for: an adapter's own folder's (the one it was fine-tuned in), else the
+    # base checkpoint's; none: 400 (the page offers Completion). Off the loop and bounded in time and size
+    # (``ServerState.chat_prompt``).
     prompt = await state.chat_prompt(request, req.messages, req.extras,
-                                 None if req.tools is None else req.tools.tools)
+                                     None if req.tools is None else req.tools.tools, adapter=adapter)
     if prompt is None:
         return _gone()
     ids, template_stops = prompt
@@ -306,7 +308,7 @@ def _model_card(state: ServerState, adapter: int = -1) -> dict[str, Any]:
     return {"id": state.served_name(adapter), "object": "model", "created": state.created, "owned_by": "tinygpt",
             **lineage, "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
             "n_heads": state.model.config.n_heads,
-            "has_chat_template": getattr(state.tokenizer, "chat_template", None) is not None}  # the page's Chat tab
+            "has_chat_template": getattr(state.chat_tokenizer(adapter), "chat_template", None) is not None}  # Chat tab
 
 
 async def list_models(request: Request) -> Response:
@@ -411,6 +413,29 @@ async def page(request: Request) -> Response:
     return HTMLResponse(_page())
 
 
+# The repository's docs/ beside the package (src/tinygpt/serving/app.py -> the checkout's root): the page's links to
+# the guide open there. An installation without a checkout has none: --docs-url points the links elsewhere.
+DOCS_ROOT = Path(__file__).resolve().parents[3] / "docs"
+DOC_TYPES = {".md": "text/plain; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
+             ".jpg": "image/jpeg"}
+
+
+async def docs(request: Request) -> Response:
+    """``GET /docs/PATH``: a page of the guide the page links to, read-only: a Markdown file (as plain text) or an
+    image under ``DOCS_ROOT``, nothing outside it; with ``--docs-url`` a redirect there instead."""
+    options = _state(request).options
+    path = request.path_params["path"]
+    if options.docs_url is not None:
+        return RedirectResponse(f"{options.docs_url.rstrip('/')}/{path}", status_code=307)
+    if not DOCS_ROOT.is_dir():
+        raise APIError(404, f"docs/{path}: this installation has no docs folder (it is in the repository's checkout);"
+                            f" start the server with --docs-url URL to link the guide elsewhere")
+    target = (DOCS_ROOT / path).resolve()
+    if DOCS_ROOT not in target.parents or target.suffix.lower() not in DOC_TYPES or not target.is_file():
+        raise APIError(404, f"docs/{path}: no such page of the guide (Markdown files and images under docs/)")
+    return Response(await asyncio.to_thread(target.read_bytes), media_type=DOC_TYPES[target.suffix.lower()])
+
+
 # ------------------------------------------------------------------------------------------ errors
 async def api_error(request: Request, exc: Exception) -> Response:
     error = exc if isinstance(exc, APIError) else APIError(500, str(exc))
@@ -432,6 +457,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 ROUTES = [
     Route("/", page, methods=["GET"]),
+    Route("/docs/{path:path}", docs, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{name:path}", get_model, methods=["GET"]),

@@ -71,6 +71,9 @@ class ServeOptions:
     cors_origin: list[str] | None = option(None, "let pages from these origins call the API from a browser "
                                                  "(e.g. http://localhost:3000; * for any)", metavar="ORIGIN",
                                            default_help="none")
+    docs_url: str | None = option(None, "where the page's links to the guide (docs/...) lead: this URL + the "
+                                        "page's path, e.g. a repository's https://host/owner/tinygpt/blob/main/docs",
+                                  metavar="URL", default_help="served read-only from the checkout's docs/ folder")
     max_body_bytes: int = option(2 ** 20, "largest request body; beyond, 413")
     header_timeout: float = option(10.0, "seconds a connection may take to send a request's headers; beyond, "
                                          "408 and closed")
@@ -150,6 +153,8 @@ class ServeOptions:
         for origin in self.cors_origin or []:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise checks.OptionError("cors_origin", origin, "must be * or an origin like http://host:port")
+        if self.docs_url is not None and not self.docs_url.startswith(("http://", "https://")):
+            raise checks.OptionError("docs_url", self.docs_url, "must be an http:// or https:// URL")
 
     @property
     def served_name(self) -> str:

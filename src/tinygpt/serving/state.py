@@ -169,6 +169,9 @@ class ServerState:
         self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
         self.model_name = options.served_name
         self.adapters = attach_served_adapters(model, options.adapters)  # the adapters' names, by index
+        # each adapter's tokenizer for chat: its folder's chat template (a fine-tuning run saves the one it trained
+        # in) over the base's tokenizer, else the base's own
+        self.adapter_tokenizers = [adapter_chat_tokenizer(tokenizer, d) for d in options.adapters.values()]
         self.speculative = "draft" if draft_model is not None and options.speculative == "off" else options.speculative
         self.draft_model = self._draft(draft_model)
         self.context = model.config.context_length
@@ -285,6 +288,10 @@ class ServerState:
         raise APIError(404, f"the model {name!r} does not exist; this server has {have}", param="model",
                        code="model_not_found")
 
+    def chat_tokenizer(self, adapter: int) -> TextCodec:
+        """The tokenizer whose chat template a chat request for ``adapter`` (-1: the base) is rendered with."""
+        return self.tokenizer if adapter < 0 else self.adapter_tokenizers[adapter]
+
     def served_name(self, adapter: int) -> str:
         """The id an answer names: the base's, or its adapter's."""
         return self.model_name if adapter < 0 else self.adapters[adapter]
@@ -323,20 +330,21 @@ class ServerState:
 
     # ------------------------------------------------------------------------------------------ chat prompts
     async def chat_prompt(self, request: Request, messages: list[tuple[str, str]],
-                          extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
-                          ) -> tuple[list[int], tuple[str, ...]] | None:
+                          extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+                          *, adapter: int = -1) -> tuple[list[int], tuple[str, ...]] | None:
         """(prompt ids, stop texts) of a conversation (with its tool calls and tools: ``chat_format.render_chat``)
         through the model's chat template, rendered off the loop
         within ``--template-timeout`` and ``max_prompt_chars`` (checked before any token is made, as the text
         streams out), and stopped when the client leaves (None then). 400 naming the template for anything it
-        refuses or any limit it passes."""
+        refuses or any limit it passes. ``adapter``: whose template (``chat_tokenizer``)."""
+        tokenizer = self.chat_tokenizer(adapter)
         cancelled = threading.Event()
         limits = RenderLimits(self.options.template_timeout, self.max_prompt_chars, cancelled,
                               self._prompt_chars_note)
 
         def work() -> tuple[list[int], tuple[str, ...]]:
-            text, stops = chat_text(self.tokenizer, messages, extras, tools, limits)
-            return encode_chat(self.tokenizer, text), stops
+            text, stops = chat_text(tokenizer, messages, extras, tools, limits)
+            return encode_chat(tokenizer, text), stops
 
         task = asyncio.ensure_future(asyncio.to_thread(work))
         gone = asyncio.ensure_future(_disconnected(request))
@@ -493,6 +501,16 @@ def attach_served_adapters(model: nn.Module, adapters: dict[str, str]) -> list[s
         return attach_adapters(model, parts)
     except ValueError as err:
         raise ValueError(f"--adapter: {err}") from None
+
+
+def adapter_chat_tokenizer(tokenizer: TextCodec, directory: str) -> TextCodec:
+    """``tokenizer`` with the chat template saved in the adapter folder ``directory``, when there is one there."""
+    from ..chat_template import read_chat_template
+
+    template = read_chat_template(directory)
+    if template is None or not hasattr(tokenizer, "with_chat_template"):
+        return tokenizer
+    return tokenizer.with_chat_template(template)
 
 
 async def _disconnected(request: Request) -> None:

@@ -82,9 +82,7 @@ def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokeni
         if is_adapted(model):
             from ..interop.peft import write_adapter_files
 
-            write_adapter_files(model, tmp, base=model.lora_base)
-            if tokenizer is not None:
-                tokenizer.save(tmp)
+            write_adapter_files(model, tmp, base=model.lora_base, tokenizer=tokenizer, home=target)
         else:
             write_checkpoint_files(model, tmp, tokenizer)
         if os.environ.get(FAULT_ENV) == str(step):
