@@ -1,0 +1,147 @@
+"""Weights in fewer bytes for inference: bfloat16 and int8 weight-only linears, swapped in after the model is built.
+
+A decode step reads every weight once, so on a CPU its time is the weights' bytes over the memory bandwidth: half
+the bytes, close to half the time. The model file never sees this: ``convert_weights`` replaces the ``nn.Linear``
+modules of the blocks and the output head by modules that keep their weight in fewer bytes (gpt-fast's
+``quantize.py`` does the same on GPUs). Embeddings, norms, biases, the cache and every activation stay float32;
+only the products read the smaller weights.
+
+- ``bfloat16``: the weight rounded to bfloat16 (8 bits of mantissa) and, where torch has oneDNN with bf16 support
+  (AVX512_BF16 or AMX), stored in oneDNN's own packed layout and multiplied by its bf16 kernel, which reads the
+  two-byte weights directly; the input is rounded to bf16, the sum accumulated in float32, the result rounded to
+  bf16 and the bias added in float32. Elsewhere the product is ``F.linear`` on bf16 tensors (correct, not faster).
+- ``int8``: each output channel's weights scaled by absmax / 127 and rounded to int8 (symmetric, per channel), the
+  product torch's ``_weight_int8pack_mm`` (x [M, in] bf16 @ int8 weight^T, times the channel's scale): one byte per
+  weight. The input is rounded to bf16 first (that kernel is fastest with bf16 input on CPU).
+
+Inference only: a converted model refuses to train (its linears have no float weight to update). Measured by
+``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHT_TYPES = ("float32", "bfloat16", "int8")
+_WARNED: set[str] = set()
+
+
+def _say_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        print(f"tinygpt: {message}", file=sys.stderr)
+
+
+def onednn_bf16() -> bool:
+    """Whether this torch and CPU run oneDNN's bf16 linear (the fast route for ``bfloat16`` weights)."""
+    try:
+        return (torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def check_weight_type(weight_type: str) -> None:
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"weights={weight_type!r} is not a weight type: use one of {', '.join(WEIGHT_TYPES)}")
+
+
+class _InferenceLinear(nn.Module):
+    """What both weight types share: a float32 bias, the input's leading dimensions, no training."""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] (any float dtype) -> [..., out] float32."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError(f"a model with {self.weight_type} weights is for inference only: train the float32 "
+                               f"model and convert it afterwards")
+        y = self.product(x.reshape(-1, self.in_features).to(torch.bfloat16)).float()  # [M, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Bf16Linear(_InferenceLinear):
+    """A linear layer whose weight is stored in bfloat16 (oneDNN's packed layout where it has a bf16 kernel)."""
+
+    weight_type = "bfloat16"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        w = weight.detach().to(torch.bfloat16).contiguous()  # [out, in]
+        self.packed = w.device.type == "cpu" and onednn_bf16()
+        if w.device.type == "cpu" and not self.packed:
+            _say_once("bf16", "this CPU or torch has no oneDNN bf16 linear: bfloat16 weights use F.linear (half the "
+                              "memory, not faster)")
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(w, 1) if self.packed else w)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] bf16 -> [M, out] bf16."""
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
+class Int8Linear(_InferenceLinear):
+    """A linear layer whose weight is int8 with one float scale per output channel (weight ~ q * scale)."""
+
+    weight_type = "int8"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        q, scale = quantize_int8(weight)
+        self.register_buffer("qweight", q)  # [out, in] int8
+        self.register_buffer("scale", scale)  # [out] float32
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""
+        scale = self.scale.to(torch.bfloat16)  # the kernel applies the scale in its input's dtype
+        if x.device.type == "cpu" and self.in_features % 16 == 0:
+            # torch's CPU kernel reads the input 16 values at a time: on other widths it crashed or summed wrongly
+            # (seen with torch 2.13), so those take the plain route below
+            return torch._weight_int8pack_mm(x, self.qweight, scale)
+        return (F.linear(x.float(), self.qweight.float()) * scale.float()).to(torch.bfloat16)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] float -> (q [out, in] int8, scale [out] float32): per output channel, symmetric,
+    scale = absmax / 127 (1 for an all-zero channel), q = round(weight / scale) in [-127, 127]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127.0  # [out]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def convert_weights(model: nn.Module, weight_type: str) -> int:
+    """Replace the ``nn.Linear`` modules of the model's transformer blocks and its output head by ``weight_type``
+    linears, in place (a tied head gets its own small copy; the embedding stays float32). The model goes to eval
+    mode. Returns how many were replaced (0 for ``float32``: nothing to do)."""
+    check_weight_type(weight_type)
+    if weight_type == "float32":
+        return 0
+    kind = Bf16Linear if weight_type == "bfloat16" else Int8Linear
+    names = [f"trf_blocks.{i}.{name}" for i, block in enumerate(model.trf_blocks)
+             for name, module in block.named_modules() if isinstance(module, nn.Linear)]
+    if isinstance(getattr(model, "out_head", None), nn.Linear):
+        names.append("out_head")
+    for name in names:
+        linear = model.get_submodule(name)
+        if linear.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise ValueError(f"{name} has {linear.weight.dtype} weights: only float weights can be converted")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, kind(linear.weight, linear.bias))
+    model.eval()
+    model.weight_type = weight_type
+    return len(names)
