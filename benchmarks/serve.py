@@ -54,6 +54,7 @@ import torch
 
 from tinygpt import GPTConfig, GPTModel, generate, save_model
 
+from . import serve_structured
 from . import serve_workloads as wl
 from .common import format_table, pin_threads, run_and_report, shared_data_dir
 from .models import gpt2_small
@@ -217,7 +218,7 @@ def run(quick: bool = False, *, clients: Sequence[int] = (1, 4, 16), new_tokens:
                 asyncio.run(load(servers.running[key].url, [warm[:1]] * 4))
             run_workloads = dict(throughput=_throughput, **{"long-arrival": _long_arrival,
                                  "shared-prefix": _shared_prefix, "conversation": _conversation,
-                                 "speculative": _speculative})
+                                 "speculative": _speculative, "structured": serve_structured.measure})
             context = _Run(result, servers, base, tokenizer, model, sizes, rounds, clients, requests, new_tokens,
                            (lo, hi), phase_seconds, log)
             for name in workloads:
@@ -390,6 +391,8 @@ def _ratios(result: dict[str, Any]) -> None:
                         ("offline engine lookup", "offline engine off")):
             if (task, on) in spec and (task, off) in spec:
                 ratios[f"{task}: {on}/off tokens/s"] = spec[(task, on)] / spec[(task, off)]
+    for c, ratio in result.get("structured", {}).get("ratio_json_over_free", {}).items():
+        ratios[f"json_schema/unconstrained tokens/s at {c} clients"] = ratio
     result["ratios"] = ratios
 
 
@@ -417,6 +420,8 @@ def table(result: dict[str, Any]) -> str:
                                                    for k in rows[0] if k.endswith("_ttft_ms")]
             cols += [("last_over_first", "last/first"), ("rounds", "rounds")]
         lines += [name, format_table(rows, cols), ""]
+    if "structured" in result:
+        lines += ["structured", serve_structured.table(result["structured"], _structured_table), ""]
     lines += [f"{name}: {value:.2f}x" for name, value in result["ratios"].items()]
     lines += [f"identical text to HF at {c} clients: {share:.0%} of requests" for c, share in
               result.get("same_text", {}).items()]
@@ -424,6 +429,12 @@ def table(result: dict[str, Any]) -> str:
               result.get("same_text_before", {}).items()]
     lines += [f"{name}: not available ({why})" for name, why in result["not_available"].items()]
     return "\n".join(lines)
+
+
+def _structured_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    names = {"impl": "implementation", "mode": "output", "clients": "clients", "tokens_per_s": "tokens/s",
+             "tokens_per_request": "tokens/request", "valid_share": "valid"}
+    return format_table(rows, [(k, names[k]) for k in keys])
 
 
 def _int_list(flag: str) -> Callable[[str], list[int]]:

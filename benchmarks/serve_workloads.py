@@ -15,7 +15,7 @@ from typing import Any, Callable
 from .serve_driver import client, percentile, stream_request
 
 Body = Callable[[str, int], dict[str, Any]]  # (prompt, max_tokens) -> a greedy streaming /v1/completions body
-WORKLOADS = ("throughput", "long-arrival", "shared-prefix", "conversation", "speculative")
+WORKLOADS = ("throughput", "long-arrival", "shared-prefix", "conversation", "speculative", "structured")
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,12 @@ def test_quick_run_of_every_workload_against_this_checkout_as_before_and_after(w
     assert ("prose", "offline engine off") in spec
     assert "tinygpt/before at 2 clients" in result["ratios"]
     text = serve.table(result)
-    assert "long-arrival" in text and "conversation" in text and "speculative" in text
+    assert "long-arrival" in text and "conversation" in text and "speculative" in text and "structured" in text
+    structured = result["structured"]
+    assert {(r["mode"], r["clients"]) for r in structured["rows"]} == {(m, c) for m in ("free", "json_schema")
+                                                                       for c in (1, 2)}
+    assert structured["valid_share_with_mask"] == 1.0 and structured["mask_us_median"] > 0
+    assert "json_schema/unconstrained tokens/s at 2 clients" in result["ratios"]
     import json
 
     json.dumps(result)  # what --json writes

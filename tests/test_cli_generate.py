@@ -172,3 +172,20 @@ def test_a_closed_pipe_ends_generate_quietly(char_model):
     first, code, err = _read_a_little_then_close(proc)
     assert first.startswith(b"the")
     assert code == 141 and err == b"", err.decode()  # 128 + SIGPIPE, no BrokenPipeError traceback
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
+def test_weights_generate_what_the_converted_model_generates(char_model, capsys, weights):
+    from tinygpt.fast.weights import convert_weights
+
+    path, model, tokenizer = char_model
+    converted = GPTModel(model.config)
+    converted.load_state_dict(model.state_dict())
+    convert_weights(converted, weights)
+    ids = generate_greedy(converted, torch.tensor([tokenizer.encode("the")]), 8)[0].tolist()
+    code, out, _ = _run(capsys, "--model", path, "--prompt", "the", "--max-new-tokens", "8", "--weights", weights)
+    assert code == 0 and out == tokenizer.decode(ids) + "\n"
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", path, "--prompt", "the", "--weights", "fp8"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--weights" in err and "bfloat16" in err and "int8" in err

@@ -36,6 +36,9 @@ def model_dir(tmp_path):
     (["--speculative", "draft"], "--speculative draft needs --draft MODEL: the model that drafts"),
     (["--speculative", "lookup", "--draft", "x"], "--speculative lookup conflicts with --draft MODEL (drafts come "
                                                   "from the model: --speculative draft)"),
+    (["--weights", "int8", "--adapter", "a=x"], "--weights int8 cannot serve --adapter: LoRA adapters attach to "
+                                                "float32 linears (merge the adapter into the model with tinygpt "
+                                                "merge, then serve that with --weights)"),
 ])
 def test_bad_flags_are_one_line_errors(model_dir, capsys, flags, message):
     assert main(["serve", "--model", str(model_dir), *flags]) == 2

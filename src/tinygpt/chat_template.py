@@ -35,8 +35,9 @@ class ChatTemplate:
     source: str
     special_tokens: Mapping[str, str] = field(default_factory=dict)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        return render_chat_template(self, messages, add_generation_prompt=add_generation_prompt)
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        return render_chat_template(self, messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
 @lru_cache(maxsize=16)
@@ -79,16 +80,17 @@ def _compile(source: str) -> Any:
 
 
 def render_chat_template(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], *,
-                         add_generation_prompt: bool = True) -> str:
-    """The prompt text for ``messages`` (``{"role", "content"}`` dicts); ``add_generation_prompt`` appends what
-    starts the assistant's answer. A template that refuses the conversation (``raise_exception``) or fails is a
-    ``ValueError`` with its message."""
+                         add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The prompt text for ``messages`` (``{"role", "content"}`` dicts, with ``tool_calls`` / ``tool_call_id`` where
+    a conversation has them); ``add_generation_prompt`` appends what starts the assistant's answer; ``tools`` (OpenAI's
+    function objects) as ``apply_chat_template`` passes them. A template that refuses the conversation
+    (``raise_exception``) or fails is a ``ValueError`` with its message."""
     import jinja2
 
     compiled = _compile(template.source)
     plain = [{str(k): v for k, v in m.items()} for m in messages]
     try:
-        return compiled.render(messages=plain, tools=None, documents=None,
+        return compiled.render(messages=plain, tools=None if tools is None else list(tools), documents=None,
                                add_generation_prompt=add_generation_prompt, **template.special_tokens)
     except jinja2.TemplateError as err:
         raise ValueError(f"the chat template refused the conversation: {err}") from None

@@ -18,6 +18,9 @@ from .config import PRESETS
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
 DEVICE_HELP = "cpu, cuda or cuda:N"
 DTYPE_HELP = "bfloat16 = bf16 autocast with float32 weights; auto = bf16 on a bf16-capable GPU, else float32"
+WEIGHT_TYPES = ("float32", "bfloat16", "int8")  # = tinygpt.fast.weights.WEIGHT_TYPES (this module stays torch-free)
+WEIGHTS_HELP = ("the linear layers' weights for inference: bfloat16 (half the bytes, oneDNN's bf16 kernel where the "
+                "CPU has one) or int8 (a quarter: per-channel scales); embeddings, norms and activations stay float32")
 MODEL_HELP = ("a tinygpt checkpoint, a Hugging Face GPT-2 folder, a hub name (gpt2, gpt2-medium, ...) or a .gguf "
               "file")
 
@@ -32,9 +35,11 @@ class ModelOptions:
                                              "$TINYGPT_GPT2_VOCAB, else tiktoken's cache", metavar="DIR")
     device: str | None = option(None, DEVICE_HELP, default_help="cuda when available")
     dtype: str = option("auto", DTYPE_HELP, choices=DTYPES)
+    weights: str = option("float32", WEIGHTS_HELP, choices=WEIGHT_TYPES)
 
     def check(self) -> None:
         checks.choice("dtype", self.dtype, DTYPES)
+        checks.choice("weights", self.weights, WEIGHT_TYPES)
 
 
 @dataclass

@@ -133,7 +133,8 @@ def _run_chat(args: argparse.Namespace) -> int:
     options = options_from_args(ChatOptions, args)
     options.check()
     settings = sampling_config(args, "chat")  # checked before the model is loaded
-    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device)
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights)
 
     def write(text: str) -> None:
         sys.stdout.write(text)

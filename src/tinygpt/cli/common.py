@@ -188,16 +188,20 @@ _ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|(.))", re.DOTALL
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
 
 
-def load_for_command(model: str, tokenizer_dir: str | None, device_name: str) -> tuple[Any, Any, Any]:
+def load_for_command(model: str, tokenizer_dir: str | None, device_name: str,
+                     weights: str = "float32") -> tuple[Any, Any, Any]:
     """(model, tokenizer, device) for a command that runs a model on text: ``--model`` loaded on ``--device``,
-    a tokenizer required (``CommandError`` naming the fix when the checkpoint has none)."""
+    a tokenizer required (``CommandError`` naming the fix when the checkpoint has none), its linears then in
+    ``--weights``' type (``fast.weights``)."""
     from ..devices import resolve_device
+    from ..fast.weights import convert_weights
     from ..interop.pretrained import load_pretrained
 
     device = resolve_device(device_name)
     loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=device)
     if tokenizer is None:
         raise CommandError(f"{model} has no tokenizer: pass --tokenizer-dir DIR")
+    convert_weights(loaded, weights)
     return loaded, tokenizer, device
 
 

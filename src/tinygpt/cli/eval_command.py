@@ -49,7 +49,8 @@ def _run_eval(args: argparse.Namespace) -> int:
         tasks = resolve_tasks(options.tasks, options.include_path)  # before the model loads: names and files checked
     from ..devices import autocast
 
-    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device)
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights)
     report: dict = {"model": options.model}
     with autocast(device, options.dtype):
         if text is not None or corpus is not None:

@@ -115,7 +115,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     else:
         prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
     settings = sampling_config(args, "generate")  # checked before the model is loaded
-    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device)
+    model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
+                                                options.weights)
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
     draft = None

@@ -40,7 +40,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    model, tokenizer, device = load_for_command(args.model, args.tokenizer_dir, args.device)
+    if args.weights != "float32" and options.adapters:
+        raise CommandError(f"--weights {args.weights} cannot serve --adapter: LoRA adapters attach to float32 linears "
+                           f"(merge the adapter into the model with tinygpt merge, then serve that with --weights)")
+    model, tokenizer, device = load_for_command(args.model, args.tokenizer_dir, args.device, args.weights)
     app = create_app(model, tokenizer, options, dtype=args.dtype)
 
     def announce(url: str) -> None:

@@ -60,6 +60,7 @@ class Row:
     lookup: Any = None  # its speculative.LookupIndex, once it drafts by prompt lookup
     constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
+    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list

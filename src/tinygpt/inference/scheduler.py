@@ -102,6 +102,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             row.table, row.computed = got
+            if row.n_new == 0:  # the prompt's first admission: what the prefix cache gave it (usage.cached_tokens)
+                row.cached_tokens = row.computed
             row.hashes = [self.blocks.block_hash[b] for b in row.table[:row.computed // self.blocks.block_size]]
             row.draft = []
             self.running.append(row)

@@ -34,14 +34,19 @@ from torch import nn
 from ..text_stream import TextCodec
 from .chat_format import chat_prompt
 from .edge import BodyGuard, HostGuard
+from .embeddings import embeddings
 from .engine import Finish, PromptLogprobs, Step, TokenInfo
 from .inspect import inspect_text
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .options import ServeOptions
 from .protocol import (
     MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
     parse_json, parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
+from .structured import (
+    ToolSpec, auto_calls, compile_spec, read_chat, read_completion, template_writes_calls, tool_calls,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -102,7 +107,8 @@ def _completion_logprobs(state: ServerState, tokens: list[TokenInfo], offset: in
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_completion(await _body(request))
+    body = await _body(request)
+    req = read_completion(parse_completion(body), body)
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
@@ -116,7 +122,9 @@ async def completions(request: Request) -> Response:
     limits = [fit_max_tokens(sampling.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), state.context,
                              scoring=scoring) for ids in prompts]
     prompt_texts = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in req.prompts]
-    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, scoring, adapter)
+    grammar = None if req.constraint is None else await asyncio.to_thread(
+        compile_spec, req.constraint, state.tokenizer, state.vocab)  # off the loop: up to a second
+    choices = state.submit(prompts, sampling, limits, tuple(sampling.stop), req.logprobs, scoring, adapter, grammar)
     rid, now, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), sampling.n
     n_prompt = sum(len(ids) for ids in prompts)
 
@@ -150,7 +158,7 @@ async def completions(request: Request) -> Response:
                     if error is not None:
                         yield _sse(error.body())
                         break
-                    usage.add(event)
+                    usage.add(event, index // n)
                     yield _sse(chunk(index, event.text, None, event.reason))
             else:
                 if sampling.include_usage:
@@ -184,19 +192,26 @@ def _chat_logprob(state: ServerState, t: TokenInfo) -> dict[str, Any]:
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req = parse_chat(await _body(request))
+    body = await _body(request)
+    req = read_chat(parse_chat(body), body, template_writes_calls(getattr(state.tokenizer, "chat_template", None)))
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
     # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
     # Completion). Off the loop: a long text.
     try:
-        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages)
+        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages, req.extras,
+                                                      None if req.tools is None else req.tools.tools)
     except ValueError as err:
         raise bad("messages", str(err)) from None
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
+    grammar = None
+    if req.constraint is not None:  # the grammar ends the answer: the template's stop texts could cut a JSON string
+        template_stops = ()
+        grammar = await asyncio.to_thread(compile_spec, req.constraint, state.tokenizer, state.vocab)
     stop = tuple(sampling.stop) + tuple(s for s in template_stops if s not in sampling.stop)
-    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter)
+    choices = state.submit([ids], sampling, [limit], stop, req.logprobs, False, adapter, grammar)
+    calls = req.tools if req.tools is not None and req.tools.choice != "none" else None  # read it for tool calls
     rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
@@ -208,8 +223,12 @@ async def chat_completions(request: Request) -> Response:
             for index in range(sampling.n):
                 yield _sse(chunk(index, {"role": "assistant", "content": ""}))
             usage = Usage()
+            held = [""] * sampling.n  # tool calls: the text is held until it is whole, then sent as the calls
             async for index, event in choices.events():
                 if isinstance(event, Step):
+                    if calls is not None:
+                        held[index] += event.text
+                        continue
                     if not event.text and req.logprobs is None:
                         continue
                     logprobs = None if req.logprobs is None else {"content": [_chat_logprob(state, event.token)]}
@@ -220,9 +239,16 @@ async def chat_completions(request: Request) -> Response:
                         yield _sse(error.body())
                         break
                     usage.add(event)
-                    if event.text:
+                    reason = event.reason
+                    if calls is not None:
+                        message, reason = _answer(held[index] + event.text, reason, calls)
+                        delta = {} if message["content"] is None else {"content": message["content"]}
+                        if "tool_calls" in message:
+                            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                        yield _sse(chunk(index, delta))
+                    elif event.text:
                         yield _sse(chunk(index, {"content": event.text}))
-                    yield _sse(chunk(index, {}, None, event.reason))
+                    yield _sse(chunk(index, {}, None, reason))
             else:
                 if sampling.include_usage:
                     yield _sse({"id": rid, "object": "chat.completion.chunk", "created": now,
@@ -236,11 +262,26 @@ async def chat_completions(request: Request) -> Response:
     if answer is None:
         return _gone()
     texts, tokens, reasons, usage = answer
-    out = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-            "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t) for t in tokens[i]]},
-            "finish_reason": reasons[i]} for i in range(sampling.n)]
+    out = []
+    for i in range(sampling.n):
+        message, reason = _answer(texts[i], reasons[i], calls)
+        out.append({"index": i, "message": message, "finish_reason": reason,
+                    "logprobs": None if req.logprobs is None else {"content": [_chat_logprob(state, t)
+                                                                               for t in tokens[i]]}})
     return JSONResponse({"id": rid, "object": "chat.completion", "created": now, "model": served,
                          "choices": out, "usage": _usage(state, len(ids), usage)})
+
+
+def _answer(text: str, reason: str, calls: ToolSpec | None) -> tuple[dict[str, Any], str]:
+    """A chat choice's message and finish reason: the text, or (tool_choice required / named / auto when the model
+    called) its tool calls with ``finish_reason: "tool_calls"``; a call cut by max_tokens stays text, with reason
+    "length"."""
+    content, parsed = text, None
+    if calls is not None and reason == "stop":
+        content, parsed = auto_calls(text, calls) if calls.auto else (None, tool_calls(text, calls))
+    if parsed is None:
+        return {"role": "assistant", "content": text}, reason
+    return {"role": "assistant", "content": content, "tool_calls": parsed}, "tool_calls"
 
 
 # ------------------------------------------------------------------------------------------ the rest
@@ -326,6 +367,13 @@ async def inspect(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format under vLLM's names (``serving.metrics``). Open without the API key, as vLLM's is
+    (its key guards /v1 only): a gateway's or Prometheus' scraper reads it as it reads vLLM's."""
+    state = _state(request)
+    return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
 def _page() -> str:
     return resources.files("tinygpt.serving").joinpath("static", "index.html").read_text(encoding="utf-8")
 
@@ -364,6 +412,8 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
     Route("/inspect", inspect, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
 ]
 
 

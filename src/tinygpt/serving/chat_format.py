@@ -10,6 +10,8 @@ template ends a turn (``alignment.chat.template_stop_texts``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..alignment.chat import STOP_TEXTS, require_chat_template, template_stop_texts
 from ..alignment.data import ALPACA_CHAT_TEMPLATE
 from ..chat_template import ChatTemplate
@@ -20,12 +22,21 @@ ROLES = ("system", "developer", "user", "assistant")
 CHAT_STOP_TEXTS: tuple[str, ...] = STOP_TEXTS  # the Alpaca template's section headers
 
 
-def check_conversation(messages: list[tuple[str, str]]) -> list[dict[str, str]]:
-    """(role, content) pairs, ending with a user message -> the template's ``messages`` ("developer", OpenAI's
-    newer name for "system", becomes "system"). Raises ``ValueError`` naming the message that breaks the rules."""
+def check_conversation(messages: list[tuple[str, str]],
+                       extras: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """(role, content) pairs, ending with a user message (or the tool results of the last assistant's calls) -> the
+    template's ``messages`` ("developer", OpenAI's newer name for "system", becomes "system"); ``extras``: each
+    message's ``tool_calls`` / ``tool_call_id`` (``structured.parse_message_extras``). Raises ``ValueError`` naming
+    the message that breaks the rules."""
+    extras = extras or [{} for _ in messages]
+    for i, (role, _) in enumerate(messages):
+        called = any("tool_calls" in extras[j] for j in range(i) if messages[j][0] == "assistant")
+        if role == "tool" and (i == 0 or messages[i - 1][0] not in ("assistant", "tool") or not called):
+            raise ValueError(f"messages[{i}]: a tool message must follow an assistant message with tool_calls")
     turns = [(i, role) for i, (role, _) in enumerate(messages) if role in ("user", "assistant")]
-    if not turns or turns[-1][1] != "user":
-        raise ValueError("messages must end with a user message (the one the model answers)")
+    ends_with_results = messages[-1][0] == "tool"
+    if not turns or (turns[-1][1] != "user" and not ends_with_results):
+        raise ValueError("messages must end with a user message (the one the model answers) or tool results")
     previous = "assistant"
     for i, role in turns:
         if role == previous == "user":
@@ -36,21 +47,25 @@ def check_conversation(messages: list[tuple[str, str]]) -> list[dict[str, str]]:
     for i, (_, content) in enumerate(messages):
         if ENDOFTEXT in content:
             raise ValueError(f"messages[{i}]: the content contains the special token {ENDOFTEXT!r}; remove it")
-    return [{"role": "system" if role == "developer" else role, "content": content} for role, content in messages]
+    return [{"role": "system" if role == "developer" else role, "content": content, **extra}
+            for (role, content), extra in zip(messages, extras)]
 
 
-def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None) -> str:
+def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None,
+                extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt text for a conversation: ``template`` (default: the Alpaca template SFT writes) with the
-    generation prompt. Errors as ``check_conversation``'s, and the template's own as ``ValueError``."""
+    generation prompt (and ``tools``, as ``apply_chat_template`` passes them). Errors as ``check_conversation``'s,
+    and the template's own as ``ValueError``."""
     template = template or ChatTemplate(ALPACA_CHAT_TEMPLATE)
-    return template.render(check_conversation(messages), add_generation_prompt=True)
+    return template.render(check_conversation(messages, extras), add_generation_prompt=True, tools=tools)
 
 
-def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
+def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]], extras: list[dict[str, Any]] | None = None,
+                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], tuple[str, ...]]:
     """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model. A ``ValueError`` says what is wrong:
     no chat template, a conversation the rules or the template refuse, text the tokenizer cannot encode."""
     template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
-    text = render_chat(messages, template)
+    text = render_chat(messages, template, extras, tools)
     # The template may write special tokens (eos_token, ...): they become their ids, as transformers tokenizes a
     # rendered chat; the messages themselves may not hold one (check_conversation).
     ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)

@@ -73,6 +73,7 @@ class Finish:
     message: str = ""
     accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
     rejected_drafts: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 @dataclass
@@ -97,6 +98,7 @@ class EngineRequest:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter: int = -1
+    constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -281,6 +283,7 @@ class EngineThread:
         self.core.cancel(live.current)
         event.prompt_tokens, event.completion_tokens = len(live.req.prompt), live.count
         event.accepted_drafts, event.rejected_drafts = live.row.accepted, live.row.drafted - live.row.accepted
+        event.cached_tokens = min(live.row.cached_tokens, len(live.req.prompt))
         self._emit(live.req, event)
 
     def _add(self, req: EngineRequest) -> None:
@@ -291,7 +294,7 @@ class EngineThread:
         try:
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
-                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter)
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint)
             live = _Live(req, row, self.tokenizer)
             if req.prompt_logprobs and len(req.prompt) > 1:
                 # position t predicts token t + 1: the scoring row feeds the first P - 1 tokens (a C + 1-token
@@ -358,7 +361,7 @@ class EngineThread:
                 self._finish(live, Finish("stop", live.text.finish()))
                 return
             info = TokenInfo(token)
-            if req.logprobs is not None and logits is not None:
+            if req.logprobs is not None and logits is not None and i < logits.shape[0]:  # forced tokens: none
                 logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
                 info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
             piece, stopped = live.text.add(token)

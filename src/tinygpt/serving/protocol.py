@@ -47,9 +47,17 @@ class _BadNumber(ValueError):
     pass
 
 
-def _parse_int(text: str) -> int:
+class _LongInteger:
+    """An integer literal too long to convert (Python's int() of a huge literal is quadratic); ``_check_tree``
+    reports it with the field it sits in."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _LongInteger:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _BadNumber(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are allowed)")
+        return _LongInteger(len(text.lstrip("-")))
     return int(text)
 
 
@@ -65,6 +73,10 @@ def _check_tree(body: Any) -> None:
         value, path, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, _LongInteger):
+            where = f"{path}: " if path else "the request body: "
+            raise APIError(400, f"{where}an integer of {value.digits} digits (at most {MAX_INT_DIGITS} are allowed)",
+                           param=path or None)
         if isinstance(value, str):
             _check_text(value, path or "the request body")
         elif isinstance(value, dict):
@@ -184,6 +196,7 @@ class CompletionRequest:
     prompts: list[str | list[int]]
     echo: bool
     logprobs: int | None
+    constraint: Any = None  # structured.ConstraintSpec: response_format / grammar / regex
 
 
 @dataclass
@@ -192,10 +205,14 @@ class ChatRequest:
     messages: list[tuple[str, str]]
     logprobs: int | None  # None, or how many top alternatives (top_logprobs; 0 = only the chosen token)
     max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
+    constraint: Any = None  # structured.ConstraintSpec: response_format / grammar / regex, or the tools' schema
+    tools: Any = None  # structured.ToolSpec
+    extras: list[dict[str, Any]] = field(default_factory=list)  # per message: tool_calls / tool_call_id
 
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "n", "stream",
-           "stream_options", "stop", "user", "presence_penalty", "frequency_penalty", "logit_bias"}
+           "stream_options", "stop", "user", "presence_penalty", "frequency_penalty", "logit_bias",
+           "response_format", "grammar", "regex"}  # the last three: serving.structured
 
 
 def _sampling(f: _Fields, max_tokens_name: str = "max_tokens") -> Sampling:
@@ -262,6 +279,7 @@ def _prompts(value: Any) -> list[str | list[int]]:
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
+    """The completion request (its ``constraint`` is read by ``structured.read_completion``)."""
     f = _Fields(body, _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"})
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt", "is required")
@@ -290,9 +308,11 @@ def _content(i: int, value: Any) -> str:
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    """The chat request (its tools, constraint and messages' tool fields are read by ``structured.read_chat``)."""
     from .chat_format import ROLES
 
-    f = _Fields(body, _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"})
+    f = _Fields(body, _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
+                                 "tool_choice", "parallel_tool_calls"})
     if "max_tokens" in body and "max_completion_tokens" in body:
         raise bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     max_tokens_param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -305,12 +325,14 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if not isinstance(m, dict):
             raise bad(f"messages[{i}]", "must be an object with role and content")
         role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {json.dumps(role)}")
-        extra = sorted(set(m) - {"role", "content", "name"})
+        if role not in (*ROLES, "tool"):
+            raise bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, tool, got {json.dumps(role)}")
+        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"})
         if extra:
-            raise bad(f"messages[{i}].{extra[0]}", "is not supported (no tools or function calls)")
-        messages.append((role, _content(i, m.get("content"))))
+            raise bad(f"messages[{i}].{extra[0]}", "is not supported (allowed: role, content, name, tool_calls, "
+                                                   "tool_call_id)")
+        content = m.get("content")  # an assistant's message that only calls tools has none
+        messages.append((role, "" if content is None and m.get("tool_calls") else _content(i, content)))
     want = f.bool("logprobs", False)
     top = f.int("top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
     if top is not None and not want:

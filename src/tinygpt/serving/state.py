@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -24,6 +24,7 @@ from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
 from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
+from .metrics import ServerMetrics, scheduler_reading
 from .options import ServeOptions
 from .protocol import APIError, Sampling, bad
 
@@ -48,15 +49,27 @@ def finish_error(event: Finish) -> APIError | None:
 class Choices:
     """The events of one request's rows, gathered on the event loop."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, metrics: ServerMetrics | None = None) -> None:
+        self.metrics = metrics
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.requests: list[EngineRequest] = []
         self.finished: set[int] = set()
         self.count = count
+        self.per_prompt = 1  # rows per prompt (the request's n)
 
     def sink(self, index: int) -> Callable[[Any], None]:
-        return lambda event: self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+        timer = None if self.metrics is None else self.metrics.row_timer()
+
+        def put(event: Any) -> None:
+            if timer is not None:  # timed on the engine's thread, at the event's own moment
+                if isinstance(event, Step):
+                    timer.step()
+                elif isinstance(event, Finish):
+                    timer.finish(event.reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+
+        return put
 
     async def events(self) -> AsyncIterator[tuple[int, Any]]:
         """(choice index, event) until every row finished; after ``abort`` every open row finishes "cancelled"."""
@@ -100,7 +113,7 @@ class Choices:
                     raise error
                 texts[index] += event.text
                 reasons[index] = event.reason
-                usage.add(event)
+                usage.add(event, index // self.per_prompt)
         return texts, tokens, reasons, usage
 
 
@@ -113,16 +126,26 @@ class Usage:
     completion_tokens: int = 0
     accepted_drafts: int = 0
     rejected_drafts: int = 0
+    cached: dict[int, int] = field(default_factory=dict)  # per prompt: the largest prefix-cache hit of its rows
 
-    def add(self, finish: Finish) -> None:
+    def add(self, finish: Finish, prompt: int = 0) -> None:
+        """A row's counts; ``prompt``: which of the request's prompts it answers (its n choices share one)."""
         self.completion_tokens += finish.completion_tokens
         self.accepted_drafts += finish.accepted_drafts
         self.rejected_drafts += finish.rejected_drafts
+        self.cached[prompt] = max(self.cached.get(prompt, 0), finish.cached_tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        """OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens whose keys came from the prefix cache
+        (each prompt counted once, as ``prompt_tokens`` counts it)."""
+        return sum(self.cached.values())
 
     def to_dict(self, prompt_tokens: int, drafts: bool) -> dict[str, Any]:
         """The ``usage`` object; with ``drafts`` (the server drafts) its ``completion_tokens_details`` too."""
         out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
-                               "total_tokens": prompt_tokens + self.completion_tokens}
+                               "total_tokens": prompt_tokens + self.completion_tokens,
+                               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
         if drafts:
             out["completion_tokens_details"] = {"accepted_prediction_tokens": self.accepted_drafts,
                                                 "rejected_prediction_tokens": self.rejected_drafts}
@@ -153,6 +176,8 @@ class ServerState:
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
+        self.metrics = ServerMetrics(self.model_name, lambda: None if self.engine is None
+                                     else scheduler_reading(self.engine))
 
     # ------------------------------------------------------------------------------------------ lifespan
     def start(self) -> None:
@@ -269,9 +294,10 @@ class ServerState:
 
     # ------------------------------------------------------------------------------------------ work
     def submit(self, prompts: list[list[int]], sampling: Sampling, limits: list[int], stop: tuple[str, ...],
-               logprobs: int | None, prompt_logprobs: bool, adapter: int = -1) -> Choices:
-        """One engine row per (prompt, choice), run with ``adapter`` (``check_model``'s); all or none are queued
-        (429 when the queue cannot take them)."""
+               logprobs: int | None, prompt_logprobs: bool, adapter: int = -1, grammar: Any = None) -> Choices:
+        """One engine row per (prompt, choice), run with ``adapter`` (``check_model``'s) and, with ``grammar``
+        (``inference.grammar.Grammar``), each under its own constraint; all or none are queued (429 when the queue
+        cannot take them)."""
         o = self.options
         rows = len(prompts) * sampling.n
         if rows > o.max_batch + o.max_queue:
@@ -283,8 +309,10 @@ class ServerState:
             raise bad("n", f"{len(prompts)} prompt(s) x n={sampling.n} x their max_tokens = {total} new tokens; one "
                            f"request may ask for at most {budget} (--max-batch {o.max_batch} x the context of "
                            f"{self.context}): lower n or max_tokens")
-        choices = Choices(rows)
+        choices = Choices(rows, self.metrics)
+        choices.per_prompt = sampling.n
         eos_id = self.eos_id
+        device = next(self.model.parameters()).device
         for p, ids in enumerate(prompts):
             for j in range(sampling.n):
                 seed = None if sampling.seed is None else sampling.seed + j  # n seeded choices differ
@@ -294,7 +322,7 @@ class ServerState:
                     overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
-                    adapter=adapter))
+                    adapter=adapter, constraint=None if grammar is None else grammar.constraint(device)))
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:

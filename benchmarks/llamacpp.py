@@ -1,0 +1,175 @@
+"""tinygpt beside llama.cpp on the same weights: decode at batch 1, prompt processing, greedy agreement, per type.
+
+Opt-in: it needs a llama.cpp build (never committed). The recipe, from the ``llama-cpp-python`` sdist's vendored
+source (about 6 minutes on a quiet 2-core machine, 25 or more on a busy one):
+
+    pip download --no-deps --no-binary :all: llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
+    cp -r llama_cpp_python-*/vendor/llama.cpp llama.cpp && rm -f llama.cpp/.git && cd llama.cpp
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \\
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
+    cmake --build build -j2 --target llama-bench llama-server
+
+    python -m benchmarks.llamacpp --llama-bin llama.cpp/build/bin --threads 1
+
+Each GGUF type is paired with the tinygpt weight type that stores the same bytes per weight or close: f32 with
+float32, f16 with bfloat16 (two bytes), q8_0 with int8 (one byte and a scale: per 32 values in q8_0, per output
+channel in tinygpt). tinygpt loads the model it exported (float32) and converts its linears (``fast.weights``).
+llama.cpp's figures come from ``llama-bench`` (tg = decode, pp = prompt), tinygpt's from the same measurement
+in-process (``generate`` at batch 1 for decode, one forward over the prompt); the two alternate per round.
+Greedy agreement: each prompt's greedy tokens from ``llama-server`` (/completion with token ids, temperature 0)
+against tinygpt's with the same type, as the share of tokens equal before the first difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from benchmarks.common import format_table, run_and_report, time_interleaved
+from benchmarks.weights import SHAPES, agreement
+from tinygpt import GPTModel, generate
+from tinygpt.fast.weights import convert_weights
+from tinygpt.interop.gguf import write_gguf
+
+PAIRS = {"f32": "float32", "f16": "bfloat16", "q8_0": "int8"}
+
+
+def llama_bench(binary: Path, gguf: Path, *, threads: int, prompt: int, decode: int) -> dict[str, float]:
+    """llama-bench's tok/s for pp{prompt} and tg{decode} (one run each, its own repetitions)."""
+    out = subprocess.run([str(binary / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
+                          "-n", str(decode), "-r", "3", "-o", "json"], capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    return {("prompt" if r["n_prompt"] else "decode"): float(r["avg_ts"]) for r in rows}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, threads: int) -> list[list[int]]:
+    """Greedy continuations of token-id prompts from llama-server (started, asked, stopped)."""
+    port = _free_port()
+    server = subprocess.Popen([str(binary / "llama-server"), "-m", str(gguf), "-t", str(threads), "--host",
+                               "127.0.0.1", "--port", str(port), "-c", "1024", "-np", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"llama-server did not start on {gguf}") from None
+                time.sleep(0.5)
+        outs = []
+        for prompt in prompts:
+            body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,
+                               "ignore_eos": True, "return_tokens": True}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                outs.append(list(json.loads(r.read())["tokens"]))
+        return outs
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def run(binary: Path, model: GPTModel, *, threads: int, prompt: int, decode: int, repeats: int,
+        types: list[str]) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    model.eval()
+    v, c = model.config.vocab_size, model.config.context_length
+    prompt, decode = min(prompt, c - 1), min(decode, c - 8)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, v, (8,), generator=g).tolist() for _ in range(4)]
+    long_prompt = torch.randint(0, v, (1, prompt), generator=g)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in types:
+            gguf = Path(tmp) / f"model-{kind}.gguf"
+            write_gguf(model, gguf, type=kind)
+            ours = copy.deepcopy(model)
+            convert_weights(ours, PAIRS[kind])
+            theirs: list[dict[str, float]] = []
+            with torch.inference_mode():
+                stats = {"decode": [], "prompt": []}
+                for _ in range(repeats):  # alternate: llama.cpp, then tinygpt, per round
+                    theirs.append(llama_bench(binary, gguf, threads=threads, prompt=prompt, decode=decode))
+                    t = time_interleaved({"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
+                                          "prompt": lambda: ours(long_prompt, last_only=True)}, warmup=1, repeats=1)
+                    stats["decode"].append(decode / t["decode"]["median_s"])
+                    stats["prompt"].append(prompt / t["prompt"]["median_s"])
+                mine = generate(ours, prompts, max_new_tokens=32).rows()
+            ref = llama_greedy(binary, gguf, prompts, 32, threads=threads)
+            med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+            l_dec, l_pre = med([r["decode"] for r in theirs]), med([r["prompt"] for r in theirs])
+            rows.append({"gguf": kind, "tinygpt": PAIRS[kind], "llama_decode": l_dec, "tinygpt_decode":
+                         med(stats["decode"]), "decode_ratio": med(stats["decode"]) / l_dec, "llama_prompt": l_pre,
+                         "tinygpt_prompt": med(stats["prompt"]), "prompt_ratio": med(stats["prompt"]) / l_pre,
+                         "greedy_agreement": agreement(ref, mine)})
+    return {"threads": threads, "prompt": prompt, "decode": decode, "config": dataclasses.asdict(model.config),
+            "rows": rows}
+
+
+def table(result: dict[str, Any]) -> str:
+    head = (f"{result['threads']} thread(s); decode {result['decode']} tokens at batch 1, prompt {result['prompt']} "
+            f"tokens; ratio = tinygpt / llama.cpp")
+    return head + "\n" + format_table(result["rows"], [
+        ("gguf", "llama.cpp file"), ("tinygpt", "tinygpt weights"), ("llama_decode", "llama.cpp decode tok/s"),
+        ("tinygpt_decode", "tinygpt decode tok/s"), ("decode_ratio", "ratio"), ("llama_prompt", "llama.cpp pp tok/s"),
+        ("tinygpt_prompt", "tinygpt pp tok/s"), ("prompt_ratio", "ratio"), ("greedy_agreement", "greedy agree")])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llamacpp", description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-bin", required=True, help="the folder holding llama-bench and llama-server")
+    parser.add_argument("--model", help="a tinygpt model folder (default: random weights, --shape's shapes)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small", help="without --model")
+    parser.add_argument("--types", default="f32,f16,q8_0", help="GGUF types, comma-separated (f32,f16,q8_0)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--decode", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+
+    def compute() -> dict[str, Any]:
+        binary = Path(args.llama_bin)
+        if not (binary / "llama-bench").is_file() or not (binary / "llama-server").is_file():
+            raise ValueError(f"--llama-bin {binary} has no llama-bench and llama-server: build them (see the recipe "
+                             f"in this module's docstring)")
+        types = args.types.split(",")
+        bad = [t for t in types if t not in PAIRS]
+        if bad:
+            raise ValueError(f"--types {','.join(bad)}: allowed f32, f16, q8_0")
+        if args.model:
+            from tinygpt.checkpoint import load_model
+
+            model = load_model(args.model)
+        else:
+            torch.manual_seed(0)
+            model = GPTModel(SHAPES[args.shape])
+        return run(binary, model, threads=args.threads, prompt=args.prompt, decode=args.decode,
+                   repeats=args.repeats, types=types)
+
+    return run_and_report(parser, compute, table, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
