@@ -15,6 +15,9 @@ from tinygpt import GPTConfig, get_config
 # over the cores (tests that time or compare thread counts set their own).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+# ... and the commands the tests start as processes too: their thread count is chosen, so they print no note about a
+# crowded CPU (tinygpt.devices.crowded_cpu_note) into the stderr the tests read
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def shared_data_dir() -> Path:

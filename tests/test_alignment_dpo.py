@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -74,6 +76,22 @@ def test_cli_dpo(tmp_path, alignment_model_dir, capsys):
     code = main(["dpo", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--limit", "8",
                  "--beta", "0.2", "--out", str(tmp_path / "d"), "--max-steps", "2", "--batch-size", "4",
                  "--no-progress"])
-    assert code == 0 and "val_margin" in capsys.readouterr().out
+    done = capsys.readouterr()
+    assert code == 0 and "val_margin" in done.out
+    assert re.search(r"^step 2: loss \S+  margin \S+  accuracy \S+  train loss \S+  val loss \S+  val margin \S+  "
+                     r"val accuracy \S+  val chosen reward \S+  val rejected reward \S+$", done.err, re.M)
+    assert re.search(r"^--- sample: .+ ---$", done.err, re.M)
     assert main(["dpo", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--beta", "0"]) == 2
     assert "tinygpt dpo: error: --beta 0.0 must be a number > 0" in capsys.readouterr().err
+
+
+def test_a_pair_left_out_is_one_warning_line_not_python_s(tmp_path, alignment_model_dir, capsys):
+    pairs = [{"instruction": f"Say {w}.", "input": "", "chosen": w, "rejected": w + "!"} for w in ("a", "b", "c")]
+    pairs.append({"instruction": "Same.", "input": "", "chosen": "x", "rejected": "x"})
+    (tmp_path / "p.json").write_text(json.dumps(pairs))
+    assert main(["dpo", "--model", str(alignment_model_dir), "--data", str(tmp_path / "p.json"), "--out",
+                 str(tmp_path / "d"), "--max-steps", "1", "--batch-size", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "left out" in line)
+    assert line.startswith("tinygpt dpo: warning: ") and "entry whose 'chosen' and 'rejected' are identical" in line
+    assert "UserWarning" not in err and "warnings.warn" not in err

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import INSTRUCTION_DATA, PREFERENCE_DATA
 from tinygpt import GPTModel, load_model, lora
-from tinygpt.alignment.data import load_preference_data
+from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE, load_preference_data
 from tinygpt.alignment.dpo import DPOStage
 from tinygpt.alignment.finetune import reference_model
 from tinygpt.alignment.reward import load_reward_model
@@ -42,7 +42,7 @@ def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(tmp_path, alignmen
     assert {"adapter_config.json", "adapter_model.safetensors", "tinygpt_adapter.json", "training_state.pt"} <= names
     assert not names & {"model.safetensors", "config.json"}  # no base weights (the tokenizer's files are there)
     config = json.loads((step / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(alignment_model_dir.resolve()) and config["r"] == 4
+    assert config["base_model_name_or_path"] == "../../base" and config["r"] == 4  # relative: they move together
     for name in ("step-4", "."):  # the last checkpoint and the exported adapter
         a, b = _adapter(tmp_path / "a" / name), _adapter(tmp_path / "b" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -52,7 +52,7 @@ def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(tmp_path, alignmen
     assert [r["loss"] for r in metrics] == [r["loss"] for r in straight]
     # the run folder is a model to run (chat, generate): the base with the adapter merged in
     model, tokenizer = load_pretrained(tmp_path / "a")
-    assert type(model) is GPTModel and tokenizer is not None
+    assert type(model) is GPTModel and tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE  # it chats
     # resuming with other LoRA settings is refused, not silently mixed
     assert _run(command, alignment_model_dir, data, tmp_path / "b", "--lora-r", "8", "--max-steps", "6",
                 "--resume", "auto") == 2
@@ -121,6 +121,8 @@ def test_sft_trains_on_a_double_quantised_base(tmp_path, alignment_model_dir):
     saved = json.loads((tmp_path / "sft" / "tinygpt_adapter.json").read_text())
     assert saved["lora"]["quantize"] == "nf4-dq"
     assert set(_adapter(tmp_path / "sft")) and all("lora_" in name for name in _adapter(tmp_path / "sft"))
+    _, tokenizer = load_pretrained(tmp_path / "sft")  # a QLoRA run chats too: its folder carries the template
+    assert tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE
 
 
 def test_lora_flag_errors(tmp_path, alignment_model_dir, capsys):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 import torch
 
@@ -141,7 +143,9 @@ def test_cli_ppo_with_a_reward_model(tmp_path, alignment_model_dir, alignment_to
     code = main(["ppo", "--policy", str(alignment_model_dir), "--reward", str(tmp_path / "rm"), "--data",
                  str(INSTRUCTION_DATA), "--limit", "8", "--out", str(tmp_path / "ppo"), "--max-steps", "2",
                  "--batch-size", "3", "--max-new-tokens", "4", "--ppo-epochs", "2", "--no-progress"])
-    assert code == 0 and "val_reward" in capsys.readouterr().out
+    done = capsys.readouterr()
+    assert code == 0 and "val_reward" in done.out
+    assert re.search(r"^step 2: reward -?\d+\.\d{4}  kl -?\d+\.\d{4}  val reward -?\d+\.\d{4}$", done.err, re.M)
     records = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all(1 <= r["response_length"] <= 4 for r in records)
     assert main(["ppo", "--policy", str(alignment_model_dir), "--reward", str(alignment_model_dir), "--data",

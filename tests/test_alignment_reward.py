@@ -70,7 +70,9 @@ def test_cli_reward_reports_accuracy_and_names_bad_entries(tmp_path, alignment_m
     code = main(["reward", "--model", str(alignment_model_dir), "--data", str(PREFERENCE_DATA), "--limit", "12",
                  "--out", str(tmp_path / "rm"), "--max-steps", "2", "--batch-size", "4", "--val-fraction", "0.25",
                  "--no-progress"])
-    assert code == 0 and "val_accuracy" in capsys.readouterr().out
+    done = capsys.readouterr()
+    assert code == 0 and "val_accuracy" in done.out
+    assert "step 2: loss " in done.err and "  val accuracy " in done.err and "--- sample" not in done.err
     assert (tmp_path / "rm" / HEAD_FILE).is_file()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "a", "chosen": "b", "rejected": "c"}\n{"instruction": "a", "chosen": "b", '

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -102,8 +103,13 @@ def test_cli_sft_then_chat_and_bad_data(tmp_path, alignment_model_dir, capsys, m
                  "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--lr", "1e-3", "--no-progress",
                  "--seed", "123"])  # a seed whose tiny answers hold no newline
     assert code == 0
-    assert "sft done" in capsys.readouterr().out
+    done = capsys.readouterr()
+    assert "sft done" in done.out
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    # the evaluation, as train prints it: losses, then the answer to the first held-out example's instruction
+    assert re.search(r"^step 2: loss \d+\.\d{4}  train loss \d+\.\d{4}  val loss \d+\.\d{4}$", done.err, re.M)
+    assert re.search(r"^--- sample: .+ ---\n.*\n---$", done.err, re.M)
+    assert "examples (14 to train, 2 held out)" in done.err  # too little data: a warning with the numbers
 
     monkeypatch.setattr("sys.stdin", io.StringIO("Name a color.\n\nSay hi.\n/exit\nnever answered\n"))
     assert main(["chat", "--model", str(out), "--max-new-tokens", "5"]) == 0
@@ -115,3 +121,28 @@ def test_cli_sft_then_chat_and_bad_data(tmp_path, alignment_model_dir, capsys, m
     code = main(["sft", "--model", str(alignment_model_dir), "--data", str(bad), "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "entry 1: missing key 'output'" in err
+
+
+def test_a_character_tokenizer_model_is_refused_with_the_command_that_makes_a_fitting_base(tmp_path, capsys):
+    from tinygpt import GPTConfig, save_model
+    from tinygpt.tokenizer import CharTokenizer
+
+    tokenizer = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz #:.\n")))
+    save_model(GPTModel(GPTConfig(vocab_size=tokenizer.vocab_size, context_length=16, emb_dim=16, n_heads=2,
+                                  n_layers=1)), tmp_path / "char", tokenizer)
+    assert main(["sft", "--model", str(tmp_path / "char"), "--data", str(INSTRUCTION_DATA), "--limit", "4",
+                 "--out", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "char tokenizer has no end-of-text token" in err
+    assert err.rstrip().endswith("tinygpt train --tokenizer bpe --out runs/tinygpt-bpe")
+    assert not (tmp_path / "sft").exists()
+
+
+def test_sft_defaults_scale_with_the_model(alignment_config):
+    from tinygpt import get_config
+    from tinygpt.alignment.sft import sft_defaults
+
+    assert sft_defaults(get_config("gpt2-small")) == (5e-5, 1)  # GPT-2's own fine-tuning rate
+    small_lr, small_epochs = sft_defaults(alignment_config)
+    assert small_lr > 5e-5 * 10 and small_epochs > 1
+    assert sft_defaults(alignment_config, lora=True) == (small_lr * 10, small_epochs)  # only the updates move

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
 
 from tinygpt import GPTConfig, GPTModel, save_model
 from tinygpt.alignment.data import ALPACA_CHAT_TEMPLATE, format_prompt
-from tinygpt.chat_template import ChatTemplate, end_of_turn, read_chat_template
+from tinygpt.chat_template import ChatTemplate, RenderLimits, end_of_turn, read_chat_template
 from tinygpt.checkpoint import load_checkpoint_tokenizer
 from tinygpt.tokenizer import ENDOFTEXT, BPETokenizer, CharTokenizer, write_hf_tokenizer
 
@@ -69,7 +71,7 @@ def test_the_alpaca_template_renders_the_sft_prompt_exactly():
     two = template.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A?"},
                            {"role": "assistant", "content": "B."}, {"role": "user", "content": "C?"}])
     assert two == (format_prompt("A?").replace(preamble, "Be brief.") + "B.\n\n"
-                   + format_prompt("C?").replace(preamble, "Be brief."))
+                   + format_prompt("C?").replace(preamble + "\n\n", ""))
     assert end_of_turn(template) == ""
     assert end_of_turn(ChatTemplate(CHATML)) == "<|im_end|>"
 
@@ -115,3 +117,57 @@ def test_read_chat_template_follows_transformers_files(tmp_path):
     (tmp_path / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="must be a string"):
         read_chat_template(tmp_path)
+
+
+# ------------------------------------------------------------------------------ bounded rendering (issue 43: E1, E6)
+def test_the_alpaca_template_renders_each_message_once():
+    """E1: the system text opened every user turn, so a 127 KB request rendered millions of tokens."""
+    system = "S" * 1000
+    messages = [{"role": "system", "content": system}]
+    for i in range(50):
+        messages += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    messages.append({"role": "user", "content": "last"})
+    text = ChatTemplate(ALPACA_CHAT_TEMPLATE).render(messages)
+    assert text.count(system) == 1
+    assert len(text) < sum(len(m["content"]) for m in messages) + 40 * len(messages)
+
+
+LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x"
+HUGE = [
+    ("{{ 'x' * 100000000 }}", "larger than"),
+    ("{{ 9 ** 99999999 }}", "larger than"),
+    ("{{ 'x'.center(100000000) }}", "more than"),
+    ("{{ '%0100000000d' % 1 }}", "wider than"),
+    ("{% for i in range(99999) %}{{ 'yyyyyyyyyy' }}{% endfor %}", "wrote more than"),
+]
+
+
+def test_a_template_is_stopped_at_its_time_limit_with_a_one_line_error():
+    """E6: a template that loops hung the worker threads for good."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"the chat template was stopped: it ran longer than its time limit "
+                                         r"\(at most 0.2 s"):
+        ChatTemplate(LOOPS).render([{"role": "user", "content": "x"}], limits=RenderLimits(seconds=0.2))
+    assert time.monotonic() - start < 5
+
+
+def test_a_cancelled_rendering_stops():
+    cancelled = threading.Event()
+    threading.Timer(0.1, cancelled.set).start()
+    with pytest.raises(ValueError, match="cancelled"):
+        ChatTemplate(LOOPS).render([{"role": "user", "content": "x"}],
+                                   limits=RenderLimits(seconds=60, cancelled=cancelled))
+
+
+@pytest.mark.parametrize("source, match", HUGE)
+def test_a_template_is_stopped_before_it_builds_or_writes_too_much(source, match):
+    with pytest.raises(ValueError, match=match):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}], limits=RenderLimits(max_chars=100000))
+
+
+@pytest.mark.parametrize("source", ["{{ 1 // 0 }}", "{{ messages[0]['content'] + 1 }}",
+                                    "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"])
+def test_any_failure_of_a_template_is_a_value_error(source):
+    """E6: failures other than jinja2's TemplateError (ZeroDivisionError, TypeError, RecursionError) were 500s."""
+    with pytest.raises(ValueError, match="the chat template failed"):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])

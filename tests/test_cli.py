@@ -60,3 +60,33 @@ def test_verify_upstream_command(capsys):
     results = json.loads(capsys.readouterr().out)
     assert results[0]["dtype"] == "float64" and results[0]["max_abs_diff"] <= 1e-7
     assert all(r["passed"] for r in results)
+
+
+def test_a_crowded_cpu_gets_one_line_saying_how_to_run_with_one_thread(monkeypatch, capsys, tmp_path):
+    import os
+
+    import torch
+
+    from tinygpt.devices import crowded_cpu_note
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert crowded_cpu_note("tinygpt train", load=0.3, cores=2, threads=2) is None  # a quiet machine
+    note = crowded_cpu_note("tinygpt train", load=6.2, cores=2, threads=2)
+    assert note.startswith("tinygpt train: note: the load average is 6.2 on 2 cores") and note.count("\n") == 0
+    assert note.endswith("OMP_NUM_THREADS=1 tinygpt train ...")
+    assert crowded_cpu_note("tinygpt train", load=6.2, cores=2, threads=1) is None  # one thread already
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert crowded_cpu_note("tinygpt train", load=6.2, cores=2, threads=2) is None  # the user chose
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    # at start-up of a command that runs a model on the CPU, before anything else
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 40.0, 30.0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "a", "--device", "cpu"]) == 2
+        assert main(["params"]) == 0  # computes a table: no note
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith("tinygpt generate: note: the load average is 50.0")
+    assert err[1].startswith("tinygpt generate: error: ") and "no such folder" in err[1]

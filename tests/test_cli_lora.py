@@ -59,3 +59,42 @@ def test_merge_errors(tmp_path, capsys):
     assert "names no base model" in capsys.readouterr().err
     assert main(["merge", "--adapter", str(tmp_path / "base"), "--out", str(tmp_path / "m")]) == 2
     assert "not a LoRA adapter" in capsys.readouterr().err
+
+
+def test_an_adapter_names_its_base_relative_to_itself_and_base_overrides_it(tmp_path, capsys):
+    import json
+    import shutil
+
+    from tinygpt.tokenizer import CharTokenizer
+
+    _base_and_adapter(tmp_path / "both", torch.float32)
+    recorded = json.loads((tmp_path / "both" / "adapter" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == "../base"
+    shutil.move(tmp_path / "both", tmp_path / "moved")  # adapter and base move together: still found
+    model, _ = load_pretrained(tmp_path / "moved" / "adapter")
+    shutil.move(tmp_path / "moved" / "base", tmp_path / "elsewhere")  # the base alone moves: the error says so
+    with pytest.raises(ValueError, match=r"names its base .*base, which is not there .*--base DIR\|HUBNAME"):
+        load_pretrained(tmp_path / "moved" / "adapter")
+    moved, _ = load_pretrained(tmp_path / "moved" / "adapter", base=tmp_path / "elsewhere")
+    ids = torch.randint(0, 50, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(moved(ids), model(ids), rtol=0, atol=0)
+    # the command line: generate and chat take --base; without it, one line naming the adapter's base
+    tokenizer = CharTokenizer([chr(65 + i) for i in range(50)])  # one character per id of the 50
+    save_model(load_model(tmp_path / "elsewhere"), tmp_path / "elsewhere", tokenizer, overwrite=True)
+    argv = ["generate", "--model", str(tmp_path / "moved" / "adapter"), "--prompt", "AB", "--max-new-tokens", "3"]
+    assert main(argv) == 2
+    assert "is not there" in capsys.readouterr().err
+    assert main([*argv, "--base", str(tmp_path / "elsewhere")]) == 0
+    assert capsys.readouterr().out.startswith("AB")
+    assert main(["generate", "--model", str(tmp_path / "elsewhere"), "--base", "x", "--prompt", "a"]) == 2
+    assert "applies to a LoRA adapter folder only" in capsys.readouterr().err
+
+
+def test_a_mistyped_local_folder_is_no_such_folder_not_a_hub_lookup(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for path in ("runs/nope", "./nope", str(tmp_path / "nope"), "nope.gguf"):
+        assert main(["generate", "--model", path, "--prompt", "a"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{path}: no such" in err and "HF_HUB" not in err, err

@@ -15,7 +15,7 @@ from tinygpt.cli import main
 from tinygpt.experiments import (EXPERIMENTS, run_activations, run_anatomy, run_attention, run_layernorm,
                                  run_prepost, run_residual)
 from tinygpt.experiments.anatomy import linear_bias_parameters
-from tinygpt.experiments.attention import attention_weights
+from tinygpt.experiments.attention import attention_weights, train_char_model
 from tinygpt.experiments.prepost import block_stacks
 from tinygpt.experiments.residual import ExampleDeepNeuralNetwork, build_pair
 
@@ -238,3 +238,17 @@ def test_a_report_keeps_the_other_files_of_its_folder_and_checks_it_first(tmp_pa
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is an existing file, not a folder"):
         run_layernorm(out=tmp_path / "file")
+
+
+def test_train_char_model_learns_and_is_seeded():
+    # The attention page's model, in small: its loss falls below a uniform guess, and a seed gives the same weights.
+    text = "the cat sat on the mat. " * 20
+    model, tokenizer, losses = train_char_model(text, steps=30, emb_dim=16, n_heads=2, context_length=8, seed=1)
+    again, _, losses_again = train_char_model(text, steps=30, emb_dim=16, n_heads=2, context_length=8, seed=1)
+    other, _, _ = train_char_model(text, steps=30, emb_dim=16, n_heads=2, context_length=8, seed=2)
+    assert tokenizer.vocab_size == len(set(text)) and not model.training
+    assert losses[0] == pytest.approx(math.log(tokenizer.vocab_size), abs=0.5) and losses[-1] < losses[0] - 0.5
+    assert losses == losses_again and torch.equal(model.tok_emb.weight, again.tok_emb.weight)
+    assert not torch.equal(model.tok_emb.weight, other.tok_emb.weight)
+    with pytest.raises(ValueError, match="at least context_length"):
+        train_char_model("short", context_length=8)

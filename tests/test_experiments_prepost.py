@@ -11,8 +11,8 @@ from tinygpt import GPTConfig
 from tinygpt.cli import build_parser, main
 from tinygpt.experiments import run_prepost
 from tinygpt.experiments.prepost import init_gradient_profile
-from tinygpt.experiments.prepost_training import (lesson_verdict, model_pair, one_step_change, random_windows,
-                                                  spread, train_losses, unigram_entropy, warmup_factor)
+from tinygpt.experiments.prepost_training import (graded_verdict_lines, lesson_verdict, model_pair, one_step_change,
+                                                  random_windows, spread, train_losses, unigram_entropy, warmup_factor)
 
 TINY = GPTConfig(vocab_size=1, context_length=16, emb_dim=16, n_heads=2, n_layers=2)
 
@@ -130,6 +130,46 @@ def test_lesson_verdict_compares_like_with_like():
     assert untrained["pre_ln_trains"] is False and untrained["shown"] is False
 
 
+def test_graded_verdict_gives_each_claim_its_seeds_and_magnitude():
+    # The page's case: the stall on every seed, one seed a hair outside the parity margin. A graded line per claim.
+    final = {"pre_ln": [2.1, 2.2, 2.0], "pre_ln_warmup": [2.2, 2.3, 2.1], "post_ln": [2.9, 3.0, 2.6],
+             "post_ln_warmup": [2.25, 2.401, 2.3]}
+    v = lesson_verdict(final, step0=4.7)
+    assert v["stall_per_seed"] == pytest.approx([0.8, 0.8, 0.6])
+    assert v["parity_gap_per_seed"] == pytest.approx([0.05, 0.101, 0.2])
+    assert v["warmup_removes_per_seed"] == pytest.approx([1 - 0.05 / 0.8, 1 - 0.101 / 0.8, 1 - 0.2 / 0.6])
+    stall, warmup, parity, pre = graded_verdict_lines(v)
+    assert stall == ("the stall (post-LN without warmup ends more than 0.1 nats above pre-LN): shown on 3 of 3 seeds, "
+                     "by +0.733 nats on average (+0.600 to +0.800 over seeds)")
+    assert warmup == "the warmup: removes 84% of that gap on average (67% to 94% over seeds)"
+    assert parity == ("parity with pre-LN under the same warmup (within 0.1 nats): reached on 1 of 3 seeds; "
+                      "post-LN + warmup ends +0.117 nats from pre-LN + warmup on average (+0.050 to +0.200 over seeds)")
+    assert pre == "pre-LN trains: yes"
+    diverged = graded_verdict_lines(lesson_verdict({**final, "post_ln": [math.inf, 3.0, 2.6]}, step0=4.7))
+    assert "shown on 3 of 3 seeds, by +inf nats" in diverged[0]
+
+
+def test_stall_alone_trains_the_pair_and_prints_one_graded_line(tmp_path, text_file, capsys):
+    assert main(["experiment", "prepost", "--stall", "--out", str(tmp_path), "--seed", "3", "--data",
+                 str(text_file), "--steps", "3", "--batch-size", "2", "--seq-len", "8",
+                 "--config", str(_tiny_json(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "prepost.json").read_text(encoding="utf-8"))
+    (cell,) = data["training"]["cells"]
+    assert cell["variants"] == ["pre_ln", "post_ln"] and cell["seeds"] == [3]
+    assert "stacks" not in data and "init_profile" not in data and data["training"]["verdict"] is None
+    stall = cell["final_loss"]["post_ln"][0] - cell["final_loss"]["pre_ln"][0]
+    assert cell["stall_per_seed"] == [stall]
+    assert f"shown on {int(stall > 0.1)} of 1 seed, by {stall:+.3f} nats\n" in out
+    assert "warmup" not in out.split("stall")[-1]
+
+
+def _tiny_json(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY.to_dict()), encoding="utf-8")
+    return path
+
+
 def test_default_cells_and_the_verdict_in_the_json(tmp_path, text_file):
     report = run_prepost(tmp_path, seed=3, config=TINY, data=text_file, steps=3, batch_size=2, seq_len=8, seeds=2,
                          warmup=2, depths=(1,), stack_shape=(1, 4, 8), stack_heads=2, profile_depths=(1, 2),
@@ -154,7 +194,10 @@ def test_default_cells_and_the_verdict_in_the_json(tmp_path, text_file):
     assert data["unigram_entropy"] == pytest.approx(unigram_entropy(torch.tensor(
         [sorted(set(text_file.read_text())).index(c) for c in text_file.read_text()])))
     assert set(data["one_step_change"]["kl"]) == {"gpt2", "xavier"}
-    assert "mean over 2 seeds" in report.text and "L=1 xavier init, 1 seed: post-LN" in report.text
+    assert "the lesson at L=2 xavier init, 2 seeds" in report.text and "L=1 xavier init, 1 seed: post-LN" in report.text
+    assert [line.lstrip("- ") for line in report.text.splitlines()
+            if line.lstrip("- ").startswith(("the stall", "the warmup:", "parity"))] == graded_verdict_lines(
+                report.data["training"]["verdict"])[:3]
     for stem in ("prepost_profile", "prepost_mechanism", "prepost_training", "prepost_gradients"):
         assert report.files[stem].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -172,6 +215,9 @@ def test_sweep_runs_every_cell_and_writes_its_figure(tmp_path, text_file):
         assert c["shown"] == (c["pre_ln_trains"] and c["post_ln_fails"] and c["warmup_recovers"])
     assert report.files["prepost_sweep"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "sweep (gpt2 init, 3 steps per run" in report.text
+    stalled = [c for c in cells if c["post_ln_fails"]]
+    assert report.text.count("nats, the warmup removes") == len(stalled)
+    assert f"{cells[0]['gap_post_minus_pre']:+.3f}" in report.text  # every cell's stall, graded, in the table
 
 
 def test_bad_arguments(tmp_path):
@@ -200,7 +246,7 @@ def test_cli_flags(tmp_path, capsys):
     defaults = build_parser().parse_args(["experiment", "prepost"])
     assert (defaults.init, defaults.seeds, defaults.steps, defaults.lr, defaults.warmup, defaults.seq_len,
             defaults.contrast_depths, defaults.control_init, defaults.sweep) == (
-        "xavier", 3, 300, 1e-3, 100, 32, (6,), "gpt2", False)
+        "xavier", None, 300, 1e-3, 100, 32, (6,), "gpt2", False)  # seeds: 3, or 1 with --stall (test_stall_alone...)
     assert main(["experiment", "prepost", "--warmup", "-3", "--out", str(tmp_path)]) == 2
     assert "warmup=-3 must be an integer >= 0" in capsys.readouterr().err
     assert main(["experiment", "prepost", "--seeds", "0", "--out", str(tmp_path)]) == 2

@@ -352,3 +352,93 @@ def test_llama_cpp_runs_the_export_as_tinygpt_does(tmp_path, gpt2_vocab_dir, voc
         picked = steps.gather(1, torch.tensor(greedy)[:, None])[:, 0]
         assert (picked >= steps.max(dim=1).values - 2 * tolerance).all(), (picked, steps.max(dim=1).values)
     assert llm.token_eos() == (tokenizer.eot_id if vocab != "char" else tokenizer.chars.index("\n"))
+
+
+# ------------------------------------------------------------------------------ hostile files (issue 43: E5, E7, E8)
+def _raw_gguf(keys: bytes, n_keys: int, tensors: list[tuple[str, list[int], int]], data: bytes) -> bytes:
+    """A GGUF v3 file by hand: ``keys`` (already encoded), f32 tensors (name, GGUF dims, offset), then ``data``."""
+    import struct
+
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text.encode())) + text.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_keys + 1)
+    out += string("general.architecture") + struct.pack("<I", 8) + string("gpt2") + keys
+    for name, dims, offset in tensors:
+        out += string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        out += struct.pack("<IQ", 0, offset)
+    return out + b"\0" * (-len(out) % 32) + data
+
+
+def _write_with(path, model, config_json: str, tokens: list[str] | None = None) -> None:
+    """``model``'s tensors under the ``tinygpt.config`` ``config_json`` (and a token list), whatever they say."""
+    writer = gguf.GGUFWriter(path, "gpt2")
+    writer.add_string("tinygpt.config", config_json)
+    if tokens is not None:
+        writer.add_token_list(tokens)
+    for name, tensor in gguf_tensors(model.state_dict(), model.config).items():
+        writer.add_tensor(name, tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_metadata_array_the_file_cannot_hold_is_refused_at_once(tmp_path):
+    """E5: an array claiming 2^62 items was walked item by item (memory grew ~100 MB/s, forever)."""
+    import struct
+    import time
+
+    claims = {"numbers": struct.pack("<Q", 5) + b"x" * 5 + struct.pack("<IIQ", 9, 0, 2 ** 62),
+              "strings": struct.pack("<Q", 5) + b"y" * 5 + struct.pack("<IIQ", 9, 8, 2 ** 62)}
+    for name, key in claims.items():
+        (tmp_path / f"{name}.gguf").write_bytes(_raw_gguf(key, 1, [], b""))
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=r"claims 4611686018427387904 items of at least \d+ bytes"):
+            read_gguf(tmp_path / f"{name}.gguf")
+        assert time.monotonic() - start < 5
+
+
+def test_a_token_list_far_longer_than_the_vocabulary_is_refused(tmp_path):
+    """E5: a 31 MB file with a 2 M-token list cost 186 s and 2.9 GB; a list over twice the embedding's rows (plus
+    slack) is refused before gguf-py builds it."""
+    tokenizer = CharTokenizer(CHAR_TEXT)
+    model = _model(tokenizer.vocab_size)
+    _write_with(tmp_path / "long.gguf", model, model.config.to_json(), tokens=[""] * 5000)
+    with pytest.raises(ValueError, match=r"metadata 'tokenizer.ggml.tokens' has 5000 items, more than twice the "
+                                         r"vocabulary"):
+        read_gguf(tmp_path / "long.gguf")
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    """E8: a 4.3 MB file whose 1,925 tensors all start at offset 0 loaded as a 2 GB model."""
+    tensors = [(f"blk.{i}.attn_norm.weight", [8], 0) for i in range(50)]
+    (tmp_path / "overlap.gguf").write_bytes(_raw_gguf(b"", 0, tensors, b"\0" * 32))
+    with pytest.raises(ValueError, match="overlap"):
+        read_gguf(tmp_path / "overlap.gguf")
+    (tmp_path / "past.gguf").write_bytes(_raw_gguf(b"", 0, [("token_embd.weight", [8, 1000], 0)], b"\0" * 32))
+    with pytest.raises(ValueError, match="runs past the end"):
+        read_gguf(tmp_path / "past.gguf")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"n_layers": 20000}, "the config has n_layers=20000, the file's tensors 2 blocks"),
+    ({"emb_dim": 2 ** 40, "n_heads": 1}, "parameters, which need at least"),
+])
+def test_a_config_the_file_cannot_hold_is_refused_before_a_model_is_built(tmp_path, change, match):
+    """E7: a config claiming 20,000 blocks cost 260 s and 1.27 GB before its refusal; emb_dim 2^40 was a
+    traceback. Now both are refused from the formula and the file's size (GGUF and checkpoint alike)."""
+    import time
+
+    tokenizer = CharTokenizer(CHAR_TEXT)
+    model = _model(tokenizer.vocab_size)
+    config = json.loads(model.config.to_json()) | change
+    _write_with(tmp_path / "big.gguf", model, json.dumps(config))
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=match):
+        load_gguf(tmp_path / "big.gguf")
+    save_model(model, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="parameters, which need at least"):
+        load_model(tmp_path / "ckpt")
+    assert time.monotonic() - start < 10

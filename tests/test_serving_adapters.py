@@ -147,3 +147,22 @@ def test_a_missing_a_foreign_or_an_nf4_adapter_is_refused(model_dir, adapters, t
         assert main(["serve", "--model", str(model_dir), "--adapter", value]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tinygpt serve: error: --adapter") and message in err and err.count("\n") == 1, err
+
+
+def test_inspect_honours_the_model_field(server, adapters):
+    """Issue 43, E12: /inspect ignored ``model`` (an adapter's name inspected the base; an unknown name was a 200)."""
+    from tinygpt.serving.inspect import inspect_text
+
+    models = _models(adapters)
+    ids = tokenizer().encode(PROMPT)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for name, model in models.items():
+            answer = http.post("/inspect", json={"model": name, "text": PROMPT, "top": 3})
+            assert answer.status_code == 200, answer.text
+            expected = inspect_text(model, tokenizer(), ids, layer=0, top=3, logit_lens=False)
+            got = answer.json()
+            assert [[t["id"] for t in row] for row in got["next"]] == [[t["id"] for t in row]
+                                                                       for row in expected["next"]], name
+            assert got["next"][-1][0]["prob"] == pytest.approx(expected["next"][-1][0]["prob"], abs=1e-4)
+        unknown = http.post("/inspect", json={"model": "nope", "text": PROMPT})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"

@@ -319,3 +319,26 @@ def test_usage_reports_the_drafts_accepted_and_rejected_when_the_server_drafts(c
             assert sum(_drafts(chat.usage)) > 0 and _drafts(streamed[-1].usage) == _drafts(chat.usage)
             engine = server.app.state.tinygpt.engine.core
             assert engine.drafts is not None and len(engine.drafts) == 0  # each finished row gave its cache back
+
+
+def test_the_page_s_guide_links_open_read_only_and_nothing_outside_docs(http, model):
+    import re
+
+    from tinygpt.serving.app import DOCS_ROOT, create_app
+
+    page = http.get("/").text
+    links = set(re.findall(r'href="(docs/[^"]+)"', page))
+    assert links, "the page links to the guide"
+    for link in links:
+        out = http.get("/" + link)
+        assert out.status_code == 200 and out.text == (DOCS_ROOT.parent / link).read_text(encoding="utf-8")
+    for bad in ("/docs/../pyproject.toml", "/docs/%2e%2e/pyproject.toml", "/docs/guide/nope.md", "/docs/../src"):
+        out = http.get(bad)
+        assert out.status_code == 404 and "[project]" not in out.text  # an error, never the file
+    from starlette.testclient import TestClient
+
+    app = create_app(model, tokenizer(), docs_url="https://example.org/tinygpt/docs/")
+    out = TestClient(app, base_url="http://127.0.0.1").get("/docs/guide/05-block.md", follow_redirects=False)
+    assert out.status_code == 307 and out.headers["location"] == "https://example.org/tinygpt/docs/guide/05-block.md"
+    with pytest.raises(ValueError, match="docs_url"):
+        create_app(model, tokenizer(), docs_url="example.org")

@@ -22,7 +22,7 @@ def test_one_user_message_is_exactly_the_sft_prompt():
 def test_earlier_turns_are_complete_examples_and_a_system_message_replaces_the_preamble():
     text = render_chat([("system", "Be brief."), ("user", "A?"), ("assistant", "B."), ("user", "C?")])
     first = format_prompt("A?").replace(format_prompt("A?").split("\n\n")[0], "Be brief.") + "B."
-    last = format_prompt("C?").replace(format_prompt("C?").split("\n\n")[0], "Be brief.")
+    last = format_prompt("C?").replace(format_prompt("C?").split("\n\n")[0] + "\n\n", "")
     assert text == first + "\n\n" + last
 
 

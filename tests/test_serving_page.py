@@ -6,8 +6,9 @@ browser: never `playwright install`).
 - a model with a chat template: Chat streams a reply, and a conversation longer than the context drops its oldest
   turns and says so;
 - Inspect: token labels on both heat-map axes, the exact weight on hover, a colour scale, one small heat map per
-  head, the next-token table of the clicked position, the logit lens as a layer x position grid, an explanation with
-  a guide link beside each view.
+  head (each with its own labels on both axes and its weights on hover), the next-token table of the clicked
+  position, the logit lens as a layer x position grid, an explanation with a guide link beside each view (every
+  link a page of the repository) and a link to the guide's tour of the view.
 
 Screenshots of every view are written into ``$TINYGPT_PAGE_SCREENSHOTS`` when set, else into each test's
 ``tmp_path/screenshots`` (pytest keeps the last three runs under its basetemp).
@@ -26,6 +27,7 @@ from tinygpt.serving.chat_format import render_chat
 from tinygpt.tokenizer import CharTokenizer
 
 CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WHITE = [255, 255, 255, 255]
@@ -192,10 +194,26 @@ def test_inspect_views_label_show_exact_weights_and_grid_the_logit_lens(browser_
                 page.locator("#heat-value").text_content()
         page.locator("#heatmap").screenshot(path=str(shots / "inspect-heatmap.png"))
 
-        # Small multiples: every head of the layer, the chosen one marked; clicking one shows it above
+        # Small multiples: every head of the layer, the chosen one marked, each with its own token labels on both
+        # axes and its exact weights on hover; clicking one shows it above
         figures = page.locator("#heads figure")
         assert figures.count() == heads == 2
         assert page.locator("#heads figure.selected").get_attribute("data-head") == "1"
+        for h in range(heads):
+            figure = figures.nth(h)
+            assert figure.locator(".mini-cols span").all_text_contents() == shown
+            assert figure.locator(".mini-rows span").all_text_contents() == shown
+        figures.nth(0).scroll_into_view_if_needed()
+        mini = figures.nth(0).locator("canvas")
+        box, small = mini.bounding_box(), int(mini.get_attribute("data-cell"))
+        for i, j in [(n - 1, 1), (1, 2)]:
+            page.mouse.move(box["x"] + 1 + j * small + small / 2, box["y"] + 1 + i * small + small / 2)
+            page.wait_for_function(f"window.tinygpt.headHover && window.tinygpt.headHover.i === {i} && "
+                                   f"window.tinygpt.headHover.j === {j}")
+            assert page.evaluate("window.tinygpt.headHover.head") == 0
+            assert page.evaluate("window.tinygpt.headHover.weight") == data["attention"][0][i][j]
+            assert float(page.locator("#heads-value").get_attribute("data-weight")) == data["attention"][0][i][j]
+            assert page.locator("#heads-value").text_content().startswith(f"head 0: query {i} ")
         figures.nth(0).click()
         assert page.locator("#head").input_value() == "0" and page.locator("#heatmap").get_attribute("title") \
             == "layer 1, head 0"
@@ -224,7 +242,44 @@ def test_inspect_views_label_show_exact_weights_and_grid_the_logit_lens(browser_
 
         # Each view explains itself and links to the guide page that explains it
         links = page.locator("#view-inspect .explain a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
-        assert {"docs/guide/05-block.md", "docs/guide/09-generation.md", "docs/guide/06-gptmodel.md"} <= set(links)
+        assert {"docs/guide/05-block.md", "docs/guide/09-generation.md", "docs/guide/06-gptmodel.md",
+                "docs/guide/04b-attention.md"} <= set(links)
+        tour = page.locator("#guide-tour").get_attribute("href")
+        assert tour == "docs/guide/13-your-model.md" and all((ROOT / link).exists() for link in {*links, tour})
         page.screenshot(path=str(shots / "inspect.png"), full_page=True)
     for name in ("inspect-heatmap", "inspect-heads", "inspect-next", "inspect-lens", "inspect"):
         assert (shots / f"{name}.png").stat().st_size > 0
+
+
+def test_chat_with_a_lora_adapter_served_beside_a_base_without_a_template(browser_page, shots, tmp_path):
+    """``serve --model BASE --adapter sft=RUN``: the base has no template, the adapter folder carries the one it was
+    fine-tuned in; the page opens on the adapter's Chat, its reply is the merged model's, and picking the base
+    closes Chat again. A guide link opens a page of the guide."""
+    from lora_support import clone, trained_adapter
+    from tinygpt import lora
+    from tinygpt.interop.peft import save_adapter
+    from tinygpt.serving.app import create_app
+    from tinygpt.serving.server import BackgroundServer
+
+    page = browser_page
+    base, plain = tiny_model(context_length=96), tokenizer().with_chat_template(None)
+    adapted, _ = trained_adapter(base, lora.LoRAConfig(r=4), seed=3, scale=0.5)
+    save_adapter(adapted, tmp_path / "run", tokenizer=tokenizer())  # as a LoRA sft run saves it
+    with BackgroundServer(create_app(clone(base), plain, model_name="base", adapter=[f"sft={tmp_path / 'run'}"])) \
+            as server:
+        _open(page, server, "sft")
+        assert page.locator("#model-pick").is_visible() and page.locator("#view-chat").is_visible()
+        page.fill("#max_tokens", "6")
+        page.fill("#chat-input", "Name a colour.")
+        page.click("#send")
+        page.wait_for_function("window.tinygpt.reply !== null && window.tinygpt.reply.done")
+        assert page.locator("#messages .msg.error").count() == 0
+        want = generate_text(lora.merged_model(adapted), tokenizer(), render_chat([("user", "Name a colour.")]),
+                             max_new_tokens=6, stop_texts=["\n### Instruction:", "\n### Input:", "\n### Response:"])
+        assert page.evaluate("window.tinygpt.reply")["text"] == want
+        page.screenshot(path=str(shots / "chat-adapter.png"))
+        page.select_option("#model-pick", "base")
+        assert page.evaluate("window.tinygpt.card.id") == "base"
+        assert page.locator("#tab-chat").get_attribute("data-unavailable") == "true"
+        link = page.evaluate("document.querySelector('a[href^=\"docs/\"]').href")
+        assert page.goto(link).status == 200 and page.locator("body").text_content().lstrip().startswith("#")

@@ -104,6 +104,8 @@ def test_workers_split_the_corpus_into_the_same_jobs(tmp_path):
     ('{"text": 3}\n', "d.jsonl: line 1: field 'text' is int, not text"),
     ('{"text": null}\n', "d.jsonl: line 1: field 'text' is null, not text"),
     ('["text"]\n', "d.jsonl: line 1 is a JSON list, not an object"),
+    # issue 43, E15: a record nested 100,000 deep was a RecursionError traceback
+    ('{"text": "fine"}\n{"text": ' + "[" * 100000 + "]" * 100000 + '}\n', "d.jsonl: line 2 is nested too deeply"),
 ])
 def test_bad_jsonl_records_name_the_file_and_line_and_write_nothing(tmp_path, capsys, content, fragment):
     (tmp_path / "d.jsonl").write_text(content, encoding="utf-8")
@@ -142,3 +144,32 @@ def test_missing_optional_packages_are_named(tmp_path, capsys, monkeypatch):
     one_line_error(capsys, "needs pyarrow: pip install 'tinygpt[data]'")
     assert main(["prepare", "--data", str(tmp_path), "--workers", "0", "--out", str(tmp_path / "o")]) == 2
     one_line_error(capsys, "--workers 0 must be an integer >= 1")
+
+
+def test_a_record_longer_than_the_limit_is_refused_before_it_is_parsed(tmp_path):
+    """Issue 43, E15: one 200 MB record peaked at 5.4 GB; a line is read at most ``max_record_bytes`` + 1 at a time
+    and a longer one is a one-line error."""
+    from tinygpt.training.sources import iter_jsonl
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "short"}\n{"text": "' + "x" * 1000 + '"}\n{"text": "after"}\n', encoding="utf-8")
+    texts = iter_jsonl(path, "text", max_record_bytes=100)
+    assert next(texts) == "short"
+    with pytest.raises(ValueError, match=r"d.jsonl: line 2 is longer than 100 bytes, the most one record may have"):
+        next(texts)
+    assert list(iter_jsonl(path, "text", max_record_bytes=2000)) == ["short", "x" * 1000, "after"]
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("dataset_dict.json", "[1]", "dataset_dict.json: must be a JSON object, got a JSON list"),
+    ("dataset_dict.json", '{"splits": [1]}', "dataset_dict.json: 'splits' must be a list of split names"),
+    ("dataset_dict.json", "{", "dataset_dict.json: not a readable JSON file"),
+])
+def test_a_malformed_saved_dataset_is_a_one_line_error(tmp_path, capsys, name, content, fragment):
+    """Issue 43, E15: a dataset_dict.json of [1] was an AttributeError traceback."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / name).write_text(content, encoding="utf-8")
+    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    one_line_error(capsys, fragment)
+    assert not (tmp_path / "out").exists()

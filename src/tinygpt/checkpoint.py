@@ -107,6 +107,30 @@ def load_config(directory: str | Path) -> GPTConfig:
         raise err from None
 
 
+MIN_BYTES_PER_PARAMETER = 0.5  # the smallest any stored weight takes (4-bit)
+
+
+def check_config_fits(config: GPTConfig, file_bytes: int, source: str | Path) -> None:
+    """Refuse a config whose parameters cannot be in a file of ``file_bytes`` (at least half a byte each), from
+    the formula, before any model is built for it (a config claiming 20,000 blocks or ``emb_dim`` 2^40 took
+    minutes, or a traceback, to find out)."""
+    from .params import count_parameters
+
+    total = count_parameters(config).total
+    if total * MIN_BYTES_PER_PARAMETER > file_bytes:
+        raise ValueError(f"{source}: the config describes {total:,} parameters, which need at least "
+                         f"{int(total * MIN_BYTES_PER_PARAMETER):,} bytes; the file has {file_bytes:,}")
+
+
+def _whole_header(path: Path) -> bool:
+    """A safetensors file at least as long as its header says (8 bytes of length, then the JSON header)."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as file:
+        head = file.read(8)
+        return len(head) == 8 and 8 + struct.unpack("<Q", head)[0] <= file.seek(0, 2)
+
+
 def check_names_and_shapes(source: str | Path, shapes: Mapping[str, Sequence[int]],
                            expected: Mapping[str, Sequence[int]]) -> None:
     """Raise a ``ValueError`` naming ``source`` and the first missing, unexpected or mis-shaped tensor."""
@@ -276,9 +300,11 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
     if not directory.is_dir():
         raise ValueError(f"checkpoint directory {directory} does not exist")
     config = load_config(directory)
+    path = directory / WEIGHTS_FILE
+    if _whole_header(path):  # a damaged file gets the reader's own error below
+        check_config_fits(config, path.stat().st_size, directory / CONFIG_FILE)
     with torch.device("meta"):
         expected = _expected_shapes(GPTModel(config))
-    path = directory / WEIGHTS_FILE
     if quantize is not None:
         from .quantize import block_linears, check_quantize
 

@@ -46,11 +46,15 @@ class ModelOptions:
 class ChatOptions(ModelOptions):
     """``tinygpt chat``: instructions on stdin, answers on stdout (with ``GenerationConfig``'s settings)."""
 
-    model: str = option(None, "a fine-tuned model (tinygpt sft/dpo/ppo)", metavar="DIR|HUBNAME", required=True)
+    model: str = option(None, "a fine-tuned model (tinygpt sft/dpo/ppo, a LoRA run's adapter folder too)",
+                        metavar="DIR|HUBNAME", required=True)
+    base: str | None = option(None, "with an adapter folder as --model: the base model to apply it to",
+                              metavar="DIR|HUBNAME", default_help="the base the adapter names")
     stop: list[str] = option(None, "stop before this text (repeatable); escape sequences are decoded: \\n newline, "
                                    "\\t tab, \\\\ backslash, \\xHH, \\uHHHH (so --stop '\\n\\n' is a blank line); "
                                    "generation also stops at the end-of-text token", metavar="TEXT",
                              action="append", escapes=True, default_help=None)
+    tool: bool = option(False, "let the answers call the calculator (<<4*12= -> 48>>, as tinygpt grpo trains)")
 
     def check(self) -> None:
         super().check()

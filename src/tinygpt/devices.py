@@ -57,3 +57,36 @@ def available_memory(device: torch.device) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def crowded_cpu_note(command: str, *, load: float | None = None, cores: int | None = None,
+                     threads: int | None = None) -> str | None:
+    """One line for a command about to run on the CPU when the machine's load leaves fewer free cores than torch has
+    threads (``round(cores - 1-minute load average) < threads``), else None; also None when the thread count was
+    chosen (``$OMP_NUM_THREADS`` set) or is already one.
+
+    The threads then wait for each other at every operation: ``python -m benchmarks.threads`` measures it, and finds
+    the two settings' weights differ in their last bits, which is why the command says it rather than choosing the
+    count itself (the same ``--seed`` would give other weights on a busier machine). ``load``, ``cores``,
+    ``threads``: the machine's (``os.getloadavg``, the process's affinity, ``torch.get_num_threads``) unless given."""
+    import os
+
+    if os.environ.get(THREADS_ENV):
+        return None
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):  # Windows has no load average
+            return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = torch.get_num_threads() if threads is None else threads
+    free = max(0, round(cores - load))
+    if threads <= 1 or free >= threads:
+        return None
+    return (f"{command}: note: the load average is {load:.1f} on {cores} cores, so fewer cores are free ({free}) than "
+            f"torch's {threads} threads, which then wait for each other; one thread is usually several times faster "
+            f"here: {THREADS_ENV}=1 {command} ...")

@@ -129,13 +129,15 @@ def stream_text(
     stop_texts: Sequence[str] = (),
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
+    constraint: Any = None,
     **overrides: Any,
 ) -> Iterator[str]:
     """Yield the continuation of ``prompt`` as text pieces, as soon as they are final (``TextStreamer``).
 
     Characters split across BPE tokens come out whole. Stops before the first occurrence of any of ``stop_texts``
     (not shown) or at the tokenizer's ``eot_id`` (used as ``eos_id`` when the config sets none; not shown).
-    ``draft_model``: as for ``generation.stream`` (speculative decoding with a small model).
+    ``draft_model``: as for ``generation.stream`` (speculative decoding with a small model). ``constraint``: the
+    row's ``RowConstraint`` (a tool such as ``tools.Calculator``: its forced tokens are streamed like drawn ones).
     """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -149,7 +151,8 @@ def stream_text(
     eot = getattr(tokenizer, "eot_id", None)
     if cfg.eos_id is None and eot is not None:
         cfg = cfg.replace(eos_id=eot)
-    steps = stream(model, [ids], cfg, generator=generator, draft_model=draft_model)
+    steps = stream(model, [ids], cfg, generator=generator, draft_model=draft_model,
+                   constraints=None if constraint is None else [constraint])
     return _text_pieces(steps, tokenizer, cfg.eos_id, list(stop_texts))
 
 

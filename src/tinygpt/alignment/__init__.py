@@ -6,6 +6,8 @@
 - ``finetune``: what the stages share (``FinetuneStage``, ``SupervisedStage``, ``load_start_model``); each runs in
   the one training loop, ``tinygpt.training.loop.run_stage``, as pretraining does.
 - ``sft``, ``reward``, ``dpo``, ``ppo`` (the math) + ``ppo_trainer`` (rollouts and updates), ``chat``.
+- ``grpo`` (the math) + ``grpo_trainer`` (rollouts through the engine, updates), ``verifiers`` (rewards a program
+  computes), ``arithmetic`` (the shipped word-problem task).
 
 Names are imported on first use (PEP 562), so importing the package is cheap.
 """
@@ -30,6 +32,10 @@ _EXPORTS = {
     "dpo_loss": "dpo",
     "token_logprobs": "logprobs",
     "FinetuneOptions": "options",
+    "GRPOConfig": "grpo_trainer",
+    "GRPOStage": "grpo_trainer",
+    "grpo_loss": "grpo",
+    "group_advantages": "grpo",
     "FinetuneStage": "finetune",
     "SupervisedStage": "finetune",
     "load_start_model": "finetune",

@@ -18,6 +18,9 @@ import torch
 from ..tokenizer import Tokenizer
 
 IGNORE_INDEX = -100
+# The base a character-tokenizer model's owner trains for fine-tuning: the main job's corpus and model, with a BPE
+# tokenizer (README's next commands)
+BPE_BASE_COMMAND = "tinygpt train --tokenizer bpe --out runs/tinygpt-bpe"
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,9 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
     """The tokenizer's end-of-text id; fine-tuning needs one to end responses and to pad."""
     eot = getattr(tokenizer, "eot_id", None)
     if eot is None:
-        raise ValueError(f"the tokenizer ({tokenizer!r}) has no end-of-text token, which fine-tuning uses to end "
-                         f"responses and to pad; use a gpt2 or bpe tokenizer")
+        raise ValueError(f"the model's {getattr(tokenizer, 'kind', '')} tokenizer has no end-of-text token, which "
+                         f"fine-tuning needs to end each answer (and to pad): start from a model with a bpe or gpt2 "
+                         f"tokenizer; from the main job's corpus: {BPE_BASE_COMMAND}")
     return int(eot)
 
 

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
-from ..chat_template import ChatTemplate, end_of_turn
+from ..chat_template import ChatTemplate, RenderLimits, end_of_turn
 from ..generation import GenerationConfig
 from ..text_stream import TextCodec, stream_text
-from .data import ALPACA_CHAT_TEMPLATE
+from ..tools import Calculator
+from .data import ALPACA_CHAT_TEMPLATE, ALPACA_CHAT_TEMPLATE_V1
 
 EXIT_COMMAND = "/exit"
 STOP_TEXTS = ("\n### Instruction:", "\n### Input:", "\n### Response:")
@@ -33,17 +34,17 @@ def require_chat_template(tokenizer: TextCodec, what: str, instead: str) -> Chat
     return template
 
 
-def template_stop_texts(template: ChatTemplate) -> tuple[str, ...]:
+def template_stop_texts(template: ChatTemplate, limits: RenderLimits | None = None) -> tuple[str, ...]:
     """Where an answer in ``template``'s format ends, besides the end-of-text token: the template's end-of-turn
-    text, and for the Alpaca template the starts of its sections."""
-    end = end_of_turn(template)
-    return (*(STOP_TEXTS if template.source == ALPACA_CHAT_TEMPLATE else ()), *((end,) if end else ()))
+    text (rendered within ``limits``), and for the Alpaca template the starts of its sections."""
+    end = end_of_turn(template, limits)
+    return (*(STOP_TEXTS if template.source in (ALPACA_CHAT_TEMPLATE, ALPACA_CHAT_TEMPLATE_V1) else ()), *((end,) if end else ()))
 
 
 def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Callable[[str], None],
          config: GenerationConfig | None = None, *, prompt_marker: str = "",
          report_error: Callable[[str], None] | None = None, stop_texts: Sequence[str] = (),
-         **overrides: Any) -> int:
+         tool: bool = False, **overrides: Any) -> int:
     """Answer every non-empty line of ``lines`` until it ends or a line is ``/exit``; returns the answers given.
 
     ``write`` receives the answer piece by piece as it streams (then a newline); ``prompt_marker`` is written
@@ -51,7 +52,8 @@ def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Ca
     ``report_error`` (default: written as a line) and skipped. Generation settings come from ``config`` and
     ``overrides`` (``GenerationConfig`` fields), checked before the first line is read. An answer also ends before
     any of ``stop_texts`` (besides the template's own, ``template_stop_texts``). A tokenizer without a chat template
-    is a ``ValueError``.
+    is a ``ValueError``. ``tool``: each answer may call the calculator (``tools.Calculator``: the model writes
+    ``<<4*12=``, the tool writes ``48>>``), as in ``tinygpt grpo``.
     """
     template = require_chat_template(tokenizer, "the model", "use tinygpt generate for plain text")
     stops = (*template_stop_texts(template), *stop_texts)
@@ -66,7 +68,8 @@ def chat(model: nn.Module, tokenizer: TextCodec, lines: Iterable[str], write: Ca
         if text.strip():
             try:
                 prompt = template.render([{"role": "user", "content": text.strip()}])
-                pieces = stream_text(model, tokenizer, prompt, config, stop_texts=stops)
+                pieces = stream_text(model, tokenizer, prompt, config, stop_texts=stops,
+                                     constraint=Calculator(tokenizer) if tool else None)
                 for piece in pieces:
                     write(piece)
                 write("\n")

@@ -37,9 +37,27 @@ PREAMBLE = ("Below is an instruction that describes a task. "
 RESPONSE_HEADER = "\n\n### Response:\n"
 # The Alpaca prompt as a chat template (``tinygpt.chat_template``), the one ``tinygpt sft`` writes beside the model:
 # a user message renders exactly as ``format_prompt(content)``; a system message replaces the preamble; an earlier
-# (user, assistant) exchange renders as a whole example (prompt + response) and examples are joined by a blank
-# line, as the server rendered conversations before templates came from the checkpoint.
+# (user, assistant) exchange renders as an example (prompt + response) and examples are joined by a blank line. The
+# preamble (or the system text) opens the first example only: every message is rendered once, so the prompt grows
+# with the conversation, not with its turns x its system text.
 ALPACA_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system=[]) -%}"
+    "{%- for message in messages if message['role'] == 'system' -%}"
+    "{%- set ns.system = ns.system + [message['content']] -%}"
+    "{%- endfor -%}"
+    "{{- ns.system | join('\\n') if ns.system else '" + PREAMBLE + "' -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "{{- '\\n\\n### Instruction:\\n' + message['content'] -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- '\\n\\n### Response:\\n' + message['content'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '\\n\\n### Response:\\n' -}}{%- endif -%}"
+)
+# The template checkpoints written before carry: the system text repeated before every user turn (recognised for its
+# stop texts, ``alignment.chat.template_stop_texts``).
+ALPACA_CHAT_TEMPLATE_V1 = (
     "{%- set ns = namespace(system=[], started=false) -%}"
     "{%- for message in messages if message['role'] == 'system' -%}"
     "{%- set ns.system = ns.system + [message['content']] -%}"

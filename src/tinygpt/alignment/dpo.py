@@ -48,6 +48,7 @@ class DPOStage(SupervisedStage):
     """Train ``policy`` with ``dpo_loss`` against ``reference`` (a frozen copy of the starting policy by default)."""
 
     name = "dpo"
+    answers_samples = True
     postfix_keys = ("loss", "margin", "accuracy")
 
     def __init__(self, policy: GPTModel, tokenizer: Tokenizer, examples: Sequence[PreferenceExample], *,

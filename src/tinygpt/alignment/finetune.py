@@ -30,6 +30,8 @@ from ..training.stage import Stage
 from .batches import batch_for_step, batches_per_epoch, split_indices
 from .options import FinetuneOptions
 
+SAMPLE_TOKENS = 48  # new tokens at most of the sample answer an evaluation prints
+
 
 def check_stage_agrees(stage: Stage, options: FinetuneOptions) -> None:
     """``ValueError`` when the options give a batch size, validation share or seed other than the one the stage
@@ -42,19 +44,31 @@ def check_stage_agrees(stage: Stage, options: FinetuneOptions) -> None:
 
 
 class FinetuneStage(Stage):
-    """A fine-tuning stage: ``policy`` (and ``heads``) exist when it is built; the loop only checks and trains."""
+    """A fine-tuning stage: ``policy`` (and ``heads``) exist when it is built; the loop only checks and trains.
+
+    After each evaluation it prints one line as ``tinygpt train`` does: the step's own metrics (``postfix_keys``:
+    the loss, PPO's reward and KL) and the evaluation's (train/val loss, DPO's margin and rewards, ...), and below
+    it the sample, when the stage gives one (SFT and DPO: the answer to a fixed held-out prompt)."""
 
     def setup(self, options: FinetuneOptions, ctx: DistContext, resume_from: Path | None) -> None:
         if isinstance(options, FinetuneOptions):
             check_stage_agrees(self, options)
         check_memory(self.policy.config, 0, self.device, what=f"{self.name} fine-tuning")
 
+    def report(self, record: dict[str, Any], sample: str | None) -> str:
+        shown = [k for k in self.postfix_keys if k in record]
+        shown += [k for k in record if k == "train_loss" or k.startswith("val_")]  # train's others: metrics.jsonl
+        values = "  ".join(f"{k.replace('_', ' ')} {record[k]:.4f}" for k in shown)
+        line = f"step {record['step']}: {values}"
+        return line if sample is None else f"{line}\n{sample}"
+
     def export(self, model: GPTModel, run_dir: Path) -> None:
-        """The finished model into ``run_dir``: a checkpoint's files, or with LoRA the adapter (naming its base)."""
+        """The finished model into ``run_dir``: a checkpoint's files, or with LoRA the adapter (naming its base) and
+        the tokenizer with the stage's chat template, so the adapter folder chats as a checkpoint does."""
         if is_adapted(model):
             from ..interop.peft import save_adapter
 
-            save_adapter(model, run_dir)
+            save_adapter(model, run_dir, tokenizer=self.tokenizer)
             return
         super().export(model, run_dir)
 
@@ -97,8 +111,13 @@ class SupervisedStage(FinetuneStage):
 
     The examples are split once (seeded) into train and val; step s trains on ``batch_for_step(s)``. Evaluation
     averages the loss and the metrics over all val items and over as many train items (the first ones), reported as
-    ``val_<name>`` / ``train_<name>`` (so ``train_loss`` / ``val_loss`` for the loss).
+    ``val_<name>`` / ``train_<name>`` (so ``train_loss`` / ``val_loss`` for the loss). With ``answers_samples``
+    (SFT, DPO: items are ``EncodedExample``s or pairs of them) each evaluation also answers one fixed prompt, the
+    first held-out example's (the first training example's without a held-out split), greedily in eval mode: the
+    same text for the same weights, and no random number drawn, so a resumed run stays exact.
     """
+
+    answers_samples = False
 
     def __init__(self, items: Sequence[Any], *, batch_size: int, val_fraction: float, seed: int) -> None:
         train_idx, val_idx = split_indices(len(items), val_fraction, seed)
@@ -128,6 +147,28 @@ class SupervisedStage(FinetuneStage):
             if items:
                 result.update({f"{split}_{k}": v for k, v in self._average(items).items()})
         return result
+
+    @torch.no_grad()
+    def sample(self) -> str | None:
+        if not self.answers_samples or not (self.val_items or self.train_items):
+            return None
+        from ..text_stream import generate_text
+        from .chat import STOP_TEXTS
+
+        item = (self.val_items or self.train_items)[0]
+        example = getattr(item, "chosen", item)  # a preference pair: its prompt
+        prompt = self.tokenizer.decode(list(example.ids[: example.prompt_len]))
+        new_tokens = max(1, min(SAMPLE_TOKENS, self.policy.config.context_length - example.prompt_len))
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            answer = generate_text(self.policy, self.tokenizer, prompt, max_new_tokens=new_tokens,
+                                   stop_texts=STOP_TEXTS)
+        finally:
+            self.policy.train(was_training)
+        asked = prompt.split("### Instruction:\n", 1)[-1].split("\n\n### Response:", 1)[0]
+        asked = " ".join(asked.replace("### Input:", "/").split())
+        return f"--- sample: {asked[:100]}{'...' if len(asked) > 100 else ''} ---\n{answer.strip()}\n---"
 
     def plot(self, records: list[dict[str, Any]], run_dir: Path) -> None:
         plot_losses(records, run_dir / "loss.png")

@@ -17,6 +17,24 @@ from ..training.options import LoopOptions
 
 STAGE_SETTINGS = ("batch_size", "val_fraction", "seed")  # a stage's own, also accepted here (see FinetuneOptions)
 
+# The learning rate and epochs ``sft`` uses when the options leave them None, by the model's parameter count: (at
+# most this many parameters, lr, epochs), the first that fits. Large models keep GPT-2's fine-tuning values (LLMs-from-
+# scratch's chapter 7: 5e-5); a small model trained here learns nothing in one epoch at that rate. The small row
+# was chosen by measurement on the main job's BPE base (docs/assistant.md, "From the main job to an assistant").
+SFT_DEFAULTS: tuple[tuple[int | None, float, int], ...] = ((20_000_000, 1e-3, 3), (None, 5e-5, 1))
+# With LoRA the default rate is this many times the row's: only the low-rank updates move, from zero (measured on
+# the same base: see the docs section above; docs/assistant.md's GPT-2 recipe uses 20x)
+LORA_LR_FACTOR = 10
+# Fewer training examples than this: a warning with the numbers (an answer format takes hundreds of examples)
+FEW_EXAMPLES = 100
+
+
+def sft_defaults_help() -> str:
+    """``SFT_DEFAULTS`` in words, for the command line's help."""
+    rows = [f"{lr:g} and {epochs} epoch{'s' if epochs != 1 else ''} " +
+            (f"up to {most / 1e6:g}M parameters" if most is not None else "above") for most, lr, epochs in SFT_DEFAULTS]
+    return f"by the model's size: {', '.join(rows)}; with --lora-r, {LORA_LR_FACTOR}x the rate"
+
 
 @dataclass
 class FinetuneOptions(LoopOptions):

@@ -12,11 +12,13 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Sequence
 
 from .common import CommandError, Parser, flag_error
 from .alignment_commands import _add_sft, _add_reward, _add_ppo, _add_dpo, _add_chat
 from .eval_command import _add_eval
+from .grpo_commands import _add_arithmetic_task, _add_grpo
 from .lora_commands import _add_merge
 from .serve_command import _add_serve
 from .experiment_commands import _add_experiment
@@ -25,7 +27,7 @@ from .training_commands import _add_prepare, _add_train
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_params, _add_verify, _add_prepare, _add_train, _add_generate, _add_convert, _add_experiment,
-    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_merge, _add_chat, _add_serve, _add_eval,
+    _add_sft, _add_reward, _add_ppo, _add_dpo, _add_grpo, _add_arithmetic_task, _add_merge, _add_chat, _add_serve, _add_eval,
 ]
 
 
@@ -79,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name = f"tinygpt {args.command}"
     previous_sigterm = _on_sigterm(raise_terminated)
+    previous_warning = _warnings_as_lines(name)
     try:
+        if args.command in RUNS_A_MODEL:
+            _note_crowded_cpu(name, getattr(args, "device", None))
         return args.run(args)
     except OptionError as err:
         print(f"{name}: error: {flag_error(args.parser, err)}", file=sys.stderr)
@@ -102,6 +107,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143 if isinstance(err, Terminated) else 130
     finally:
         _on_sigterm(previous_sigterm)
+        warnings.showwarning = previous_warning
+
+
+# The commands that run a model for long enough that torch's thread count matters
+RUNS_A_MODEL = frozenset({"train", "sft", "reward", "ppo", "dpo", "generate", "chat", "serve", "eval", "experiment"})
+
+
+def _note_crowded_cpu(name: str, device: str | None) -> None:
+    """``devices.crowded_cpu_note`` on stderr, for a command that will run on the CPU."""
+    import torch
+
+    from ..devices import crowded_cpu_note
+
+    if device in (None, "auto") and torch.cuda.is_available() or str(device).startswith("cuda"):
+        return
+    note = crowded_cpu_note(name)
+    if note:
+        print(note, file=sys.stderr)
+
+
+def _warnings_as_lines(name: str) -> Any:
+    """Show every Python warning a command raises as one line, ``tinygpt CMD: warning: ...`` (not the module, line
+    number and source line Python prints); returns the previous ``warnings.showwarning`` to restore."""
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        print(f"{name}: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
+    return previous
 
 
 def _on_sigterm(handler: Any) -> Any:

@@ -9,14 +9,18 @@ from .common import (CommandError, add_generation_options, add_options, load_for
                      sampling_config)
 
 
-def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float, batch_size: int) -> None:
+def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float | None, batch_size: int,
+                          epochs: int | None = 1) -> None:
     """The settings every fine-tuning stage shares: one flag per ``FinetuneOptions`` field, plus the data limit
-    and the tokenizer."""
-    from ..alignment.options import FinetuneOptions
+    and the tokenizer. ``lr`` / ``epochs`` None: the stage chooses by the model's size (sft)."""
+    from ..alignment.options import FinetuneOptions, sft_defaults_help
 
     from ..lora_options import LoRAOptions
 
-    add_options(p, FinetuneOptions, defaults={"out_dir": out, "lr": lr, "batch_size": batch_size})
+    add_options(p, FinetuneOptions, defaults={"out_dir": out, "lr": lr, "batch_size": batch_size, "epochs": epochs})
+    for action in p._actions:  # the settings the stage chooses by the model's size (sft.SFT_DEFAULTS) say so
+        if action.dest in ("lr", "epochs") and action.default is None:
+            action.help += f" (default: {sft_defaults_help()})"
     add_options(p, LoRAOptions)
     p.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N entries of --data")
     p.add_argument("--tokenizer-dir", metavar="DIR", help="a saved tokenizer (default: the model's own)")
@@ -48,7 +52,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised fine-tuning on instruction/response pairs (loss on responses only)")
     p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="the model to start from")
     p.add_argument("--data", required=True, metavar="FILE", help=_DATA_HELP.format("output"))
-    _add_finetune_options(p, "runs/sft", 5e-5, 8)
+    _add_finetune_options(p, "runs/sft", None, 8, epochs=None)
     p.set_defaults(run=_run_sft)
 
 
@@ -134,7 +138,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     options.check()
     settings = sampling_config(args, "chat")  # checked before the model is loaded
     model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
-                                                options.weights)
+                                                options.weights, base=options.base)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -145,5 +149,5 @@ def _run_chat(args: argparse.Namespace) -> int:
 
     with autocast(device, options.dtype):
         chat(model, tokenizer, sys.stdin, write, settings, prompt_marker="> " if sys.stdin.isatty() else "",
-             report_error=report_error, stop_texts=options.stop)
+             report_error=report_error, stop_texts=options.stop, tool=options.tool)
     return 0

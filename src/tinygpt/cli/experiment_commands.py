@@ -24,8 +24,11 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     pp.add_argument("--init", choices=("xavier", "gpt2"), default="xavier",
                     help="weight init of the trained models: xavier (the original Transformer's: Xavier-uniform "
                          "linears, N(0, 1) embeddings) or gpt2 (N(0, 0.02)) (default: xavier)")
-    pp.add_argument("--seeds", type=int, default=3,
-                    help="seeds of the main cell (--seed, --seed + 1, ...) (default: 3)")
+    pp.add_argument("--seeds", type=int,
+                    help="seeds of the main cell (--seed, --seed + 1, ...) (default: 3; 1 with --stall)")
+    pp.add_argument("--stall", action="store_true",
+                    help="the stall alone: pre-LN and post-LN without warmup at the main cell, nothing else, and "
+                         "one graded line (about 40 s of CPU per seed, one thread)")
     pp.add_argument("--steps", type=int, default=300, help="training steps per model; 0 skips training (default: 300)")
     pp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
     pp.add_argument("--seq-len", type=int, default=32, help="characters per sequence (default: 32)")
@@ -85,7 +88,8 @@ def _run_experiment(args: argparse.Namespace) -> int:
         report = experiments.run_prepost(
             **common, config=args.config, data=args.data, max_chars=args.max_chars, steps=args.steps,
             batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, init=args.init,
-            seeds=args.seeds, contrast_depths=tuple(d for d in args.contrast_depths if d != 0),
+            seeds=args.seeds if args.seeds is not None else (1 if args.stall else 3), stall_only=args.stall,
+            contrast_depths=tuple(d for d in args.contrast_depths if d != 0),
             control_init=None if args.control_init == "none" else args.control_init,
             profile_depths=args.profile_depths, sweep=args.sweep, sweep_depths=args.sweep_depths,
             sweep_lrs=args.sweep_lrs, sweep_steps=args.sweep_steps,

@@ -116,7 +116,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read() if options.prompt == "-" else options.prompt
     settings = sampling_config(args, "generate")  # checked before the model is loaded
     model, tokenizer, device = load_for_command(options.model, options.tokenizer_dir, options.device,
-                                                options.weights)
+                                                options.weights, base=options.base)
     if not tokenizer.encode(prompt):
         raise CommandError("the prompt is empty: give at least one character of text to continue")
     draft = None
@@ -124,7 +124,12 @@ def _run_generate(args: argparse.Namespace) -> int:
         if not settings.use_cache:
             raise CommandError("--draft needs the cache (drop --no-cache): drafts are verified against it")
         draft = load_draft(options.draft, model, tokenizer, device=device)
-    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=options.stop, draft_model=draft)
+    if options.tool and draft is not None:
+        raise CommandError("--tool and --draft cannot be combined: a row that calls a tool does not draft")
+    from ..tools import Calculator
+
+    pieces = stream_text(model, tokenizer, prompt, settings, stop_texts=options.stop, draft_model=draft,
+                         constraint=Calculator(tokenizer) if options.tool else None)
     with autocast(device, options.dtype):
         if not options.stream:
             print(prompt + "".join(pieces))

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..serving.options import API_KEY_ENV, ServeOptions
+from ..serving.replica_options import CLUSTER_EXTRA, ReplicaOptions
 from .common import CommandError, add_device_options, add_options, load_for_command, options_from_args
 
 
@@ -21,6 +22,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer-dir", metavar="DIR", help="a tokenizer to use instead of the model's own")
     add_device_options(p)
     add_options(p, ServeOptions)
+    add_options(p, ReplicaOptions)
     p.set_defaults(run=_run_serve)
 
 
@@ -31,6 +33,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     name = args.model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     options = options_from_args(ServeOptions, args, api_key=api_key, model_name=name)  # an OptionError: main()
     # words it with the flag's name
+    if args.weights != "float32" and options.adapters:
+        raise CommandError(f"--weights {args.weights} cannot serve --adapter: LoRA adapters attach to float32 linears "
+                           f"(merge the adapter into the model with tinygpt merge, then serve that with --weights)")
+    replicas = options_from_args(ReplicaOptions, args)
+    if replicas.enabled:
+        return _run_replicas(args, options, replicas, name)
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -40,9 +48,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     from ..serving.app import create_app
     from ..serving.server import run_server
 
-    if args.weights != "float32" and options.adapters:
-        raise CommandError(f"--weights {args.weights} cannot serve --adapter: LoRA adapters attach to float32 linears "
-                           f"(merge the adapter into the model with tinygpt merge, then serve that with --weights)")
     model, tokenizer, device = load_for_command(args.model, args.tokenizer_dir, args.device, args.weights)
     app = create_app(model, tokenizer, options, dtype=args.dtype)
 
@@ -52,4 +57,35 @@ def _run_serve(args: argparse.Namespace) -> int:
               f"{', API key required' if api_key else ''})", flush=True)
 
     run_server(app, options, announce=announce)
+    return 0
+
+
+# Connection limits of tinygpt's own HTTP server (``serving.server``); with replicas Ray Serve's proxy accepts the
+# connections, and it has none of these settings.
+_SERVER_ONLY = {"header_timeout": "--header-timeout", "max_connections": "--max-connections",
+                "max_header_bytes": "--max-header-bytes"}
+
+
+def _run_replicas(args: argparse.Namespace, options: ServeOptions, replicas: ReplicaOptions, name: str) -> int:
+    """``--replicas N`` / ``--autoscale MIN:MAX``: the same app in N processes behind Ray Serve's proxy."""
+    for field, flag in _SERVER_ONLY.items():
+        if getattr(args, field) != ServeOptions.__dataclass_fields__[field].default:
+            raise CommandError(f"{flag} is a setting of tinygpt's own HTTP server; with --replicas/--autoscale Ray "
+                               f"Serve's proxy accepts connections, and it has no such limit: drop {flag}")
+    if options.port == 0:
+        raise CommandError("--port 0 with --replicas/--autoscale: Ray Serve's proxy needs a fixed port; pick one")
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError as err:
+        raise CommandError(f"--replicas/--autoscale need the cluster extra: {CLUSTER_EXTRA} ({err})") from None
+    from ..serving.replicas import serve_replicas
+
+    def announce(url: str) -> None:
+        count = f"{replicas.replicas} replicas" if replicas.bounds is None else \
+            f"{replicas.bounds[0]} to {replicas.bounds[1]} replicas"
+        print(f"tinygpt serve: {name} on {url} ({count} on Ray Serve, max batch {options.max_batch} each"
+              f"{', API key required' if options.api_key else ''})", flush=True)
+
+    serve_replicas(args.model, options, replicas, tokenizer_dir=args.tokenizer_dir, device=args.device,
+                   dtype=args.dtype, weights=args.weights, announce=announce)
     return 0

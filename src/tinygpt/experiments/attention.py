@@ -12,12 +12,15 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from .. import checks
 from ..config import GPTConfig
 from ..figures import integer_ticks
 from ..model import GPTModel
+from ..tokenizer import CharTokenizer
 from .anatomy import resolve_config
+from .prepost_training import random_windows
 from .report import ExperimentReport, check_seed, finish, format_table, new_figure, output_dir
 
 DEFAULT_PROMPT = "Every effort moves you forward"
@@ -43,6 +46,38 @@ def attention_weights(model: GPTModel, idx: torch.Tensor, layer: int) -> tuple[t
     finally:
         model.train(was_training)
     return weights, fused_gap
+
+
+def train_char_model(text: str, *, steps: int = 600, emb_dim: int = 32, n_heads: int = 4, n_layers: int = 1,
+                     context_length: int = 32, batch_size: int = 16, lr: float = 3e-3,
+                     seed: int = 0) -> tuple[GPTModel, CharTokenizer, list[float]]:
+    """A small character model trained on ``text`` in seconds: the trained weights whose attention the guide's
+    attention page (docs/guide/04b-attention.md) and its figure take apart.
+
+    AdamW at ``lr`` on random windows of ``context_length`` characters, dropout 0, seeded (weights and batches);
+    returns the model in eval mode, its tokenizer and the loss of every step."""
+    checks.positive_int("steps", steps)
+    tokenizer = CharTokenizer(text)
+    ids = torch.tensor(tokenizer.encode(text))  # [N]
+    if len(ids) < context_length + 2:
+        raise ValueError(f"the text has {len(ids)} characters; at least context_length + 2 = "
+                         f"{context_length + 2} needed")
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=context_length, emb_dim=emb_dim,
+                       n_heads=n_heads, n_layers=n_layers, drop_rate=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPTModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    batches = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        x, y = random_windows(ids, batch_size, context_length, batches)  # [B, T] each
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model.eval(), tokenizer, losses
 
 
 def _byte_ids(prompt: str, vocab_size: int) -> list[int]:

@@ -34,8 +34,8 @@ from ..tokenizer import CharTokenizer
 from . import prepost_figures as figs
 from .anatomy import resolve_config
 from .prepost_training import (INITS, STALL_GAP, VARIANT_NAMES, VARIANTS, final_loss, lesson_verdict, model_pair,
-                               one_step_change, random_windows, run_sweep, spread, train_variants, unigram_entropy,
-                               verdict_text)
+                               graded_verdict_lines, one_step_change, random_windows, run_sweep, spread, stall_line,
+                               train_variants, unigram_entropy)
 from .report import ExperimentReport, check_seed, finish, format_table, output_dir
 
 STACK_SHAPE = (2, 16, 384)  # [B, T, D] of the block lesson's exercise 4
@@ -135,6 +135,7 @@ def train_cell(config: GPTConfig, ids: torch.Tensor, *, init: str, seeds: Sequen
         gap = cell["spread"]["post_ln"]["mean"] - cell["spread"]["pre_ln"]["mean"]
         cell["post_ln_fails"] = not math.isfinite(gap) or gap > STALL_GAP
         cell["gap_post_minus_pre"] = gap
+        cell["stall_per_seed"] = [p - q for p, q in zip(final["post_ln"], final["pre_ln"])]
     cell["runs"] = runs
     return cell
 
@@ -176,7 +177,7 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
                 depths: Sequence[int] = STACK_DEPTHS, stack_shape: Sequence[int] = STACK_SHAPE,
                 stack_heads: int = STACK_HEADS, profile_depths: Sequence[int] = PROFILE_DEPTHS, sweep: bool = False,
                 sweep_depths: Sequence[int] = SWEEP_DEPTHS, sweep_lrs: Sequence[float] = SWEEP_LRS,
-                sweep_steps: int | None = None,
+                sweep_steps: int | None = None, stall_only: bool = False,
                 progress: Callable[[str], None] | None = None) -> ExperimentReport:
     """All parts; writes ``prepost_gradients.png``, ``prepost_profile.png``, ``prepost_mechanism.png``,
     ``prepost_training.png`` (and ``prepost_sweep.png`` with ``sweep``) and the JSON.
@@ -188,7 +189,10 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
     linear warmup of ``warmup`` steps) at the config's depth on ``seeds`` seeds (``seed``, ``seed + 1``, ...); each
     of ``contrast_depths`` and the ``control_init`` cell (None: none) train pre-LN and post-LN on ``seed`` alone.
     ``steps=0`` skips training. ``sweep``: also every ``sweep_depths`` x ``sweep_lrs`` cell for ``sweep_steps``
-    steps (default: ``steps``), one seed."""
+    steps (default: ``steps``), one seed. ``stall_only``: the stall alone, nothing else: pre-LN and post-LN without
+    warmup at the main cell on ``seeds`` seeds, then one graded line (about 40 s of CPU per seed, one thread)."""
+    if stall_only:
+        profile_depths, contrast_depths, control_init, sweep = (), (), None, False
     sweep_steps = steps if sweep_steps is None else sweep_steps
     _check_arguments(seed, seeds, init, control_init,
                      {"batch_size": batch_size, "seq_len": seq_len, "max_chars": max_chars},
@@ -198,33 +202,39 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
     checks.non_negative_int("warmup", warmup)
     directory = output_dir("prepost", out)
 
+    data_out: dict = {"seed": seed}
+    findings: list[str] = []
+    figures: dict = {}
+    tables: list[str] = []
     # Part 1: block stacks with identical weights (exercises 4 and 5)
-    stacks = compare_stacks(depths, stack_shape, stack_heads, seed)
-    rows = []
-    for depth, r in stacks.items():
-        g_pre, g_post = r["input_grad_norm_per_block"]["pre_ln"], r["input_grad_norm_per_block"]["post_ln"]
-        for i, (a, b) in enumerate(zip(g_pre, g_post)):
-            rows.append([f"L={depth} block {i} input", a, b, f"{a / b:.2f}"])
-    grad_table = format_table(["stack / position", "||grad|| pre-LN", "||grad|| post-LN", "pre/post"], rows)
-    diff_table = format_table(
-        ["stack", "outputs allclose", "max |pre - post|", "out std pre-LN", "out std post-LN", "input grad pre/post"],
-        [[f"L={d}", r["outputs_allclose"], r["outputs_max_abs_diff"], r["output_std"]["pre_ln"],
-          r["output_std"]["post_ln"], f"{r['input_grad_ratio_pre_over_post']:.2f}"] for d, r in stacks.items()])
-    ratios = {d: r["input_grad_ratio_pre_over_post"] for d, r in stacks.items()}
-    order_of_magnitude = all(v >= 10 for v in ratios.values())
-    findings = [
-        "pre-LN and post-LN stacks with identical weights give different outputs: "
-        + ", ".join(f"L={d}: allclose={r['outputs_allclose']}" for d, r in stacks.items()),
-        "the block lesson's exercise 5 expects pre-LN's input (embedding) gradient to be an order of magnitude "
-        "larger than post-LN's: " + ("HELD here" if order_of_magnitude else "did NOT hold here")
-        + " (pre/post ratio " + ", ".join(f"L={d}: {v:.2f}x" for d, v in ratios.items())
-        + f"; input N(0,1) of shape {list(stack_shape)}, torch's default init, loss mean(out * R))",
-    ]
-    figures = {"prepost_gradients": figs.gradient_figure(stacks)}
-    data_out: dict = {"seed": seed, "stacks": {"shape": list(stack_shape), "n_heads": stack_heads,
-                                               "init": "torch default (nn.Linear), LayerNorm scale 1 / shift 0",
-                                               "loss": "mean(out * R), R ~ N(0, 1) fixed", "results": stacks}}
-    tables = [diff_table, grad_table]
+    if not stall_only:
+        stacks = compare_stacks(depths, stack_shape, stack_heads, seed)
+        rows = []
+        for depth, r in stacks.items():
+            g_pre, g_post = r["input_grad_norm_per_block"]["pre_ln"], r["input_grad_norm_per_block"]["post_ln"]
+            for i, (a, b) in enumerate(zip(g_pre, g_post)):
+                rows.append([f"L={depth} block {i} input", a, b, f"{a / b:.2f}"])
+        grad_table = format_table(["stack / position", "||grad|| pre-LN", "||grad|| post-LN", "pre/post"], rows)
+        diff_table = format_table(
+            ["stack", "outputs allclose", "max |pre - post|", "out std pre-LN", "out std post-LN",
+             "input grad pre/post"],
+            [[f"L={d}", r["outputs_allclose"], r["outputs_max_abs_diff"], r["output_std"]["pre_ln"],
+              r["output_std"]["post_ln"], f"{r['input_grad_ratio_pre_over_post']:.2f}"] for d, r in stacks.items()])
+        ratios = {d: r["input_grad_ratio_pre_over_post"] for d, r in stacks.items()}
+        order_of_magnitude = all(v >= 10 for v in ratios.values())
+        findings = [
+            "pre-LN and post-LN stacks with identical weights give different outputs: "
+            + ", ".join(f"L={d}: allclose={r['outputs_allclose']}" for d, r in stacks.items()),
+            "the block lesson's exercise 5 expects pre-LN's input (embedding) gradient to be an order of magnitude "
+            "larger than post-LN's: " + ("HELD here" if order_of_magnitude else "did NOT hold here")
+            + " (pre/post ratio " + ", ".join(f"L={d}: {v:.2f}x" for d, v in ratios.items())
+            + f"; input N(0,1) of shape {list(stack_shape)}, torch's default init, loss mean(out * R))",
+        ]
+        figures = {"prepost_gradients": figs.gradient_figure(stacks)}
+        data_out["stacks"] = {"shape": list(stack_shape), "n_heads": stack_heads,
+                              "init": "torch default (nn.Linear), LayerNorm scale 1 / shift 0",
+                              "loss": "mean(out * R), R ~ N(0, 1) fixed", "results": stacks}
+        tables = [diff_table, grad_table]
 
     text = embedded_corpus_text(max_chars=max_chars) if data is None else _read_text(data, max_chars)
     tokenizer = CharTokenizer(text)
@@ -268,19 +278,24 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
         cells = run_sweep(cfg, ids, depths=sweep_depths, lrs=sweep_lrs, steps=sweep_steps, batch_size=batch_size,
                           seq_len=seq, warmup=warmup, seed=seed, init=init, progress=progress)
         tables.append(format_table(
-            ["depth", "lr", *(VARIANT_NAMES[v] for v in VARIANTS), "post-LN fails", "warmup recovers", "shown"],
-            [[f"L={c['depth']}", f"{c['lr']:g}", *(c["final_loss"][v] for v in VARIANTS), c["post_ln_fails"],
-              c["warmup_recovers"], c["shown"]] for c in cells]))
-        shown = [f"L={c['depth']} lr {c['lr']:g}" for c in cells if c["shown"]]
+            ["depth", "lr", *(VARIANT_NAMES[v] for v in VARIANTS), "stall: post - pre", "warmup removes",
+             "parity: post+w - pre+w"],
+            [[f"L={c['depth']}", f"{c['lr']:g}", *(c["final_loss"][v] for v in VARIANTS),
+              f"{c['gap_post_minus_pre']:+.3f}", f"{c['warmup_removes']:.0%}", f"{c['gap_warmup_post_minus_pre']:+.3f}"]
+             for c in cells]))
+        stalls = [f"L={c['depth']} lr {c['lr']:g} ({c['gap_post_minus_pre']:+.3f} nats, the warmup removes "
+                  f"{c['warmup_removes']:.0%})" for c in cells if c["post_ln_fails"]]
         findings.append(f"sweep ({init} init, {sweep_steps} steps per run, mean loss of the last 10%, warmup {warmup} "
-                        "steps): " + (f"the lesson shows at {', '.join(shown)}" if shown else "the lesson shows in no cell"))
+                        f"steps): post-LN without warmup stalls (more than {STALL_GAP} nats above pre-LN) at "
+                        + (", ".join(stalls) if stalls else "no cell"))
         figures["prepost_sweep"] = figs.sweep_figure(cells, plateau)
         data_out["sweep"] = {"init": init, "steps": sweep_steps, "depths": list(sweep_depths),
                              "lrs": list(sweep_lrs), "cells": cells}
 
     # Part 3: the lesson trained
     if steps > 0:
-        main = train_cell(cfg, ids, init=init, seeds=range(seed, seed + seeds), variants=VARIANTS, **train)
+        main = train_cell(cfg, ids, init=init, seeds=range(seed, seed + seeds),
+                          variants=PAIR if stall_only else VARIANTS, **train)
         cells = [main]
         cells += [train_cell(cfg.replace(n_layers=d), ids, init=init, seeds=[seed], variants=PAIR, **train)
                   for d in contrast_depths]
@@ -290,11 +305,16 @@ def run_prepost(out: str | Path | None = None, seed: int = 123, *, config: str |
             ["cell", *(VARIANT_NAMES[v] for v in VARIANTS), "post-LN fails"],
             [[_cell_label(c), *(_spread_text(c["spread"].get(v)) for v in VARIANTS),
               c["verdict"]["post_ln_fails"] if "verdict" in c else c["post_ln_fails"]] for c in cells]))
-        verdict = main["verdict"]
-        findings.append(
-            f"the lesson (post-LN without warmup fails where pre-LN trains; a {warmup}-step warmup recovers it; "
-            f"margin {STALL_GAP} nats, mean loss of the last 10% of {steps} steps, mean over {seeds} seeds) "
-            + ("SHOWN" if verdict["shown"] else "NOT shown") + f" at {_cell_label(main)}: " + verdict_text(verdict))
+        if stall_only:
+            verdict = None
+            findings.append(f"{_cell_label(main)}, {steps} steps, mean loss of the last 10%: "
+                            + stall_line(main["stall_per_seed"]))
+        else:
+            verdict = main["verdict"]
+            findings.append(
+                f"the lesson at {_cell_label(main)} (a {warmup}-step warmup; mean loss of the last 10% of {steps} "
+                f"steps; margin {STALL_GAP} nats), graded claim by claim:")
+            findings.extend("  " + line for line in graded_verdict_lines(verdict))
         for c in cells[1:]:
             findings.append(f"{_cell_label(c)}: post-LN {c['gap_post_minus_pre']:+.3f} nats against pre-LN, "
                             + ("fails" if c["post_ln_fails"] else "no failure"))

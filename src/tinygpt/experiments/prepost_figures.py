@@ -30,12 +30,13 @@ def gradient_figure(stacks: dict) -> Figure:
     for ax, (depth, r) in zip(axes, stacks.items()):
         g = r["input_grad_norm_per_block"]
         ratio = [a / b for a, b in zip(g["pre_ln"], g["post_ln"])]
-        ax.plot(range(len(ratio)), ratio, "o-", label="measured pre-LN / post-LN")
+        blocks = range(1, len(ratio) + 1)  # numbered as the profile figures number them: 1 = next to the embeddings
+        ax.plot(blocks, ratio, "o-", label="measured pre-LN / post-LN")
         ax.axhline(10, color="tab:red", ls="--", label="10x (exercise 5's expectation)")
         ax.axhline(1, color="gray", ls=":", label="1x (equal)")
         ax.set_ylim(0, max(11, max(ratio) * 1.1))
-        ax.set_xticks(range(len(ratio)))
-        _label(ax, "block index (0 = stack input)", "||dL/d input|| pre-LN / post-LN",
+        ax.set_xticks(blocks)
+        _label(ax, "block (1 = next to the embeddings)", "||dL/d input|| pre-LN / post-LN",
                f"{depth} blocks, same weights: gradient ratio at each block's input")
     return fig
 
@@ -151,6 +152,8 @@ def sweep_figure(cells: list[dict], plateau: float) -> Figure:
         ax.set_xscale("log")
         ax.set_xticks(lrs, [f"{x:g}" for x in lrs])
         ax.minorticks_off()
-        ax.set_ylim(0, top * 1.05)
+        # Not from 0: the runs differ by tenths of a nat, which an axis from 0 would flatten into one line.
+        finite = [c["final_loss"][v] for c in row for v in VARIANTS if math.isfinite(c["final_loss"][v])]
+        ax.set_ylim(min(finite + [plateau]) - 0.15, top + 0.15)
         _label(ax, "learning rate (log scale)", "mean loss, last 10% of steps (nats / char)", f"{depth} layers")
     return fig

@@ -1,4 +1,4 @@
-"""The pre-LN lesson trained: post-LN without warmup fails where pre-LN trains, and a warmup cures it.
+"""The pre-LN lesson trained: post-LN without warmup stalls where pre-LN trains, and a warmup removes most of it.
 
 Every run starts from a model pair built under one seed (the post-LN model holds the pre-LN model's very weights)
 and sees the same batches of character windows; AdamW at a constant rate after an optional linear warmup, no
@@ -15,8 +15,9 @@ Two initialisations (``INITS``):
   gradients at init grow toward the output (Xiong et al. 2020) and one Adam step moves its output much more than
   pre-LN's (the amplification of Liu et al. 2020): the setting where post-LN needs its warmup.
 
-The verdict compares like with like: post-LN against pre-LN without warmup (does it fail?) and post-LN with warmup
-against pre-LN with the same warmup (does the warmup recover it?), on the mean over seeds.
+The verdict compares like with like: post-LN against pre-LN without warmup (does it stall, by how much?) and post-LN
+with warmup against pre-LN with the same warmup (how much of the stall does the warmup remove, is parity reached?),
+graded: on how many seeds each claim holds and by how much, never one yes/no on a strict margin.
 """
 
 from __future__ import annotations
@@ -159,11 +160,14 @@ def spread(values: Sequence[float]) -> dict:
 
 
 def lesson_verdict(final: dict[str, Sequence[float]], step0: float, gap: float = STALL_GAP) -> dict:
-    """Whether final losses {variant: [one per seed]} show the lesson, judged on the means over seeds.
+    """Whether final losses {variant: [one per seed]} show the lesson, judged on the means over seeds, and by how
+    much on every seed.
 
     pre-LN trains (finite, more than ``gap`` below the step-0 loss); post-LN without warmup fails (diverges, or ends
     more than ``gap`` nats above pre-LN without warmup); post-LN with warmup recovers (within ``gap`` of pre-LN with
-    the same warmup). ``per_seed`` counts the seeds on which the failure and the recovery hold one by one."""
+    the same warmup). ``per_seed`` counts the seeds on which the failure and the recovery hold one by one, and
+    ``*_per_seed`` keep each seed's stall (post - pre), parity gap (post + warmup - pre + warmup) and share of the
+    stall the warmup removes: the graded verdict (``graded_verdict_lines``) reports them, not a yes/no."""
     mean = {v: spread(final[v])["mean"] for v in VARIANTS}
     pre_trains = math.isfinite(mean["pre_ln"]) and mean["pre_ln"] < step0 - gap
     post_fails = not math.isfinite(mean["post_ln"]) or mean["post_ln"] > mean["pre_ln"] + gap
@@ -172,12 +176,16 @@ def lesson_verdict(final: dict[str, Sequence[float]], step0: float, gap: float =
     fails_per_seed = sum(not math.isfinite(p) or p > q + gap for p, q in zip(final["post_ln"], final["pre_ln"]))
     recovers_per_seed = sum(math.isfinite(p) and p <= q + gap
                             for p, q in zip(final["post_ln_warmup"], final["pre_ln_warmup"]))
+    per_seed = [{v: final[v][i] for v in VARIANTS} for i in range(seeds)]
     return {"pre_ln_trains": pre_trains, "post_ln_fails": post_fails, "warmup_recovers": recovers,
-            "shown": pre_trains and post_fails and recovers, "seeds": seeds,
+            "shown": pre_trains and post_fails and recovers, "seeds": seeds, "margin": gap,
             "post_ln_fails_seeds": fails_per_seed, "warmup_recovers_seeds": recovers_per_seed,
             "gap_post_minus_pre": mean["post_ln"] - mean["pre_ln"],
             "gap_warmup_post_minus_pre": mean["post_ln_warmup"] - mean["pre_ln_warmup"],
-            "warmup_removes": _removed(mean)}
+            "warmup_removes": _removed(mean),
+            "stall_per_seed": [m["post_ln"] - m["pre_ln"] for m in per_seed],
+            "parity_gap_per_seed": [m["post_ln_warmup"] - m["pre_ln_warmup"] for m in per_seed],
+            "warmup_removes_per_seed": [_removed(m) for m in per_seed]}
 
 
 def _removed(mean: dict[str, float]) -> float:
@@ -188,14 +196,40 @@ def _removed(mean: dict[str, float]) -> float:
     return 1 - (mean["post_ln_warmup"] - mean["pre_ln_warmup"]) / excess if excess > 0 else math.nan
 
 
-def verdict_text(verdict: dict) -> str:
-    n = verdict["seeds"]
-    return (f"pre-LN trains: {verdict['pre_ln_trains']}; post-LN without warmup fails: {verdict['post_ln_fails']} "
-            f"(mean {verdict['gap_post_minus_pre']:+.3f} nats against pre-LN; on {verdict['post_ln_fails_seeds']} "
-            f"of {n} seeds); post-LN with warmup recovers: {verdict['warmup_recovers']} (mean "
-            f"{verdict['gap_warmup_post_minus_pre']:+.3f} nats against pre-LN with the same warmup; on "
-            f"{verdict['warmup_recovers_seeds']} of {n} seeds; the warmup removes {verdict['warmup_removes']:.0%} of "
-            "post-LN's excess)")
+def _range(values: Sequence[float], fmt: str) -> str:
+    """'a to b' over seeds (min to max), or the one value; 'n/a' where a value is not a number."""
+    if any(math.isnan(v) for v in values):
+        return "n/a on some seed"
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if len(values) == 1 else f"{format(lo, fmt)} to {format(hi, fmt)}"
+
+
+def stall_line(stall_per_seed: Sequence[float], gap: float = STALL_GAP) -> str:
+    """The graded stall claim from each seed's post-LN - pre-LN final loss (both without warmup)."""
+    n = len(stall_per_seed)
+    shown = sum(not math.isfinite(s) or s > gap for s in stall_per_seed)
+    mean = statistics.fmean(stall_per_seed) if all(math.isfinite(s) for s in stall_per_seed) else math.inf
+    head = f"the stall (post-LN without warmup ends more than {gap} nats above pre-LN): shown on {shown} of {n} seed"
+    if n == 1:
+        return f"{head}, by {mean:+.3f} nats"
+    return f"{head}s, by {mean:+.3f} nats on average ({_range(stall_per_seed, '+.3f')} over seeds)"
+
+
+def graded_verdict_lines(verdict: dict) -> list[str]:
+    """One line per claim of the lesson, each with how many seeds show it and by how much (min to max over seeds):
+    the stall, the share of it the warmup removes, and parity with pre-LN under the same warmup."""
+    n, gap = verdict["seeds"], verdict.get("margin", STALL_GAP)
+    removes = verdict["warmup_removes_per_seed"]
+    parity = verdict["parity_gap_per_seed"]
+    return [
+        stall_line(verdict["stall_per_seed"], gap),
+        f"the warmup: removes {verdict['warmup_removes']:.0%} of that gap on average "
+        f"({_range(removes, '.0%')} over seeds)",
+        f"parity with pre-LN under the same warmup (within {gap} nats): reached on {verdict['warmup_recovers_seeds']}"
+        f" of {n} seed{'s' if n > 1 else ''}; post-LN + warmup ends {verdict['gap_warmup_post_minus_pre']:+.3f} nats"
+        f" from pre-LN + warmup on average ({_range(parity, '+.3f')} over seeds)",
+        f"pre-LN trains: {'yes' if verdict['pre_ln_trains'] else 'NO'}",
+    ]
 
 
 def run_sweep(config: GPTConfig, ids: torch.Tensor, *, depths: Sequence[int], lrs: Sequence[float], steps: int,

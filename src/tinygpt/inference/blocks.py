@@ -13,7 +13,9 @@ overwritten first (blocks without a hash are put at the front: nothing is lost b
 
 A row served with a LoRA adapter computes other keys and values for the same tokens, so its chain starts from a
 root that names the adapter (``prefix_root``): rows of different adapters never share a block, rows of the same
-adapter do.
+adapter do. A row with a cache salt (vLLM's ``cache_salt``: a tenant's secret) has the salt in its root too, so only
+rows with the same salt share its blocks: another tenant cannot learn from a fast first token that a prefix was
+cached.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ def chain_hash(parent: Hashable, tokens: Sequence[int]) -> int:
     return hash((parent, tuple(tokens)))
 
 
-def prefix_root(adapter: int) -> Hashable:
-    """The root of a row's chain: None for the base model (-1), one per adapter index otherwise."""
+def prefix_root(adapter: int, salt: str | None = None) -> Hashable:
+    """The root of a row's chain: None for the base model (-1) without a salt, one per (adapter, salt) otherwise."""
+    if salt is not None:
+        return ("salt", adapter, salt)
     return None if adapter < 0 else ("adapter", adapter)
 
 

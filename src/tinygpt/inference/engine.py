@@ -227,7 +227,8 @@ class InferenceEngine:
         for out in outputs:
             row = out.row
             if row.finish_reason != "error":  # its computed full blocks serve later rows (the next turn of a chat)
-                self.blocks.register(row.table, row.window, row.computed, row.hashes, prefix_root(row.adapter))
+                self.blocks.register(row.table, row.window, row.computed, row.hashes,
+                                     prefix_root(row.adapter, row.cache_salt))
             if row.finished:
                 self._remove(row)
             elif row.config is not None and not row.config.use_cache and row.pending == 1:

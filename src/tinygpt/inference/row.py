@@ -41,6 +41,7 @@ class Row:
     want_logits: bool = False  # hand each drawn (or scored) token's raw logits to the caller (log-probabilities)
     reuse: bool = True  # may take cached prefix blocks
     adapter: int = -1  # which attached LoRA adapter (multi_lora) the row runs with; -1: the base model
+    cache_salt: str | None = None  # shares cached prefix blocks only with rows of the same salt (``blocks``)
     tag: Any = None  # the caller's handle
     id: int = field(default_factory=lambda: next(_ids))
     prompt_len: int = 0

@@ -76,7 +76,9 @@ class Scheduler:
         for row in list(self.running):
             if row not in self.running or row.pending != 1:
                 continue
-            if row.config.temperature == 0:  # a greedy row's tokens do not depend on how much it drafts
+            greedy = row.config is not None and row.config.temperature == 0  # a scoring row (no config) may come
+            # here with its last prompt token pending; it has no draft
+            if greedy:  # a greedy row's tokens do not depend on how much it drafts
                 row.draft = row.draft[:max(0, int(min(budget, 1 << 30)) - 1)]
             # a sampled row's draft is never cut: how many random draws its verification takes must not depend on
             # its neighbours, or its seed would not repeat its tokens (so its draft may overrun the budget)
@@ -97,7 +99,7 @@ class Scheduler:
         while self.waiting and budget >= 1 and len(self.running) < self.max_rows:
             row = self.waiting[0]
             limit = row.first_logit if row.reuse else 0
-            got = self.blocks.allocate(row.window, row.window_length, limit, prefix_root(row.adapter))
+            got = self.blocks.allocate(row.window, row.window_length, limit, prefix_root(row.adapter, row.cache_salt))
             if got is None:
                 break
             self.waiting.popleft()

@@ -34,10 +34,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from ..checkpoint import model_from_state_dict
+from ..checkpoint import check_config_fits, model_from_state_dict
 from ..config import GPTConfig
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
+from .gguf_header import check_gguf_header
 from .gguf_vocab import KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
 
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
@@ -232,6 +233,7 @@ def read_gguf(path: str | Path) -> GGUFContents:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
+    check_gguf_header(path)  # counts, sizes and offsets against the file, before the reader trusts them
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as err:  # the reader raises ValueError, struct.error, IndexError... on a damaged file
@@ -315,6 +317,11 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None)
     from ..checkpoint import check_names_and_shapes
 
     config = config_from_gguf(contents)
+    blocks = {name.split(".")[1] for name in contents.shapes if name.startswith("blk.")}
+    if config.n_layers != len(blocks):
+        raise ValueError(f"{contents.path}: the config has n_layers={config.n_layers}, the file's tensors "
+                         f"{len(blocks)} blocks")
+    check_config_fits(config, contents.path.stat().st_size, contents.path)
     if gguf_architecture(config) != contents.architecture:
         raise ValueError(f"{contents.path}: {CONFIG_KEY} describes a {gguf_architecture(config)} model, but the file "
                          f"is {contents.architecture}")

@@ -350,12 +350,29 @@ def export_hf(model: GPTModel, directory: str | Path, tokenizer: Tokenizer | Non
             atomic_write_text(tmp / GENERATION_CONFIG_FILE, json.dumps(ids, indent=2) + "\n")
 
 
+def looks_local(name: str) -> bool:
+    """Whether ``name`` is meant as a path rather than a hub name: it starts with ``./``, ``../``, ``/`` or ``~``,
+    holds a backslash or a drive, ends with a file suffix tinygpt reads (``.gguf``), or its first component is a
+    folder that exists here (``runs/nope`` beside ``runs/``)."""
+    if name.startswith(("./", "../", "/", "~", ".\\", "..\\")) or "\\" in name or ":" in name:
+        return True
+    if name.lower().endswith(".gguf"):
+        return True
+    first = name.split("/", 1)[0]
+    return "/" in name and Path(first).is_dir()
+
+
 def resolve_hf_source(source: str | Path, *, cache_dir: str | Path | None = None) -> Path:
-    """A local folder as is; otherwise a hub repository name, downloaded (or found in the local HF cache)."""
+    """A local folder as is; otherwise a hub repository name, downloaded (or found in the local HF cache). A name
+    that ``looks_local`` and is not there is "no such folder" (not a hub lookup that fails over the network)."""
     path = Path(source)
     if path.is_dir():
         return path
     name = str(source)
+    if looks_local(name) and not path.exists():
+        kind = "file" if name.lower().endswith(".gguf") else "folder"
+        where = path.expanduser().absolute()
+        raise ValueError(f"{name}: no such {kind}" + (f" (looked for at {where})" if str(where) != name else ""))
     if not _HUB_NAME.match(name) or path.exists():
         raise ValueError(f"{name} is neither a directory nor a Hugging Face hub name such as 'gpt2' or 'gpt2-medium'")
     return _download_from_hub(name, cache_dir)

@@ -14,7 +14,10 @@ and up halves, RoPE, RMSNorm) have no GPT-2 form; their tensors keep tinygpt's n
 
 ``tinygpt_adapter.json`` beside them holds what PEFT's config has no field for (the target names, QLoRA's NF4,
 the base model's config); an adapter without it (one written by peft) is read from PEFT's config and tensor names.
-The base is referenced, not copied: ``base_model_name_or_path`` is the folder or hub name it was trained on.
+The base is referenced, not copied: ``base_model_name_or_path`` is the folder or hub name it was trained on (a
+local folder relative to the adapter's own folder, so the two can move together; ``resolve_base`` reads it back).
+A fine-tuning run saves its tokenizer beside the adapter, as trl does: its ``tokenizer_config.json`` carries the
+chat template the adapter was trained in, which the base does not have (``interop.pretrained.load_adapted``).
 A wrong or unknown tensor name is a ``ValueError`` here, never an adapter silently left at its initial value (which
 is what peft does with a name it does not expect).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,7 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..fileio import ADAPTER, atomic_write_text, read_json_object, save_into
+from ..tokenizer import TOKENIZER_FILES, Tokenizer
 from ..lora import LoRAConfig, apply_lora, load_lora_state_dict, lora_state_dict
 from .hf import tinygpt_config_to_hf
 
@@ -89,8 +94,6 @@ def _adapter_files(model: nn.Module, base: str | Path | None
     base = base if base is not None else getattr(model, "lora_base", None)
     gpt2 = has_gpt2_form(model.config) and all(t in GPT2_MODULES for t in config.targets)
     state = {_to_peft_name(name, gpt2): t.to("cpu").contiguous() for name, t in ours_state.items()}
-    if base is not None and Path(base).is_dir():
-        base = str(Path(base).resolve())
     targets = ([GPT2_MODULES[t] for t in config.targets] if gpt2
                else sorted({_OURS.fullmatch(n).group(2) for n in ours_state}))
     peft_config = {
@@ -104,27 +107,60 @@ def _adapter_files(model: nn.Module, base: str | Path | None
     return state, peft_config, ours
 
 
-def write_adapter_files(model: nn.Module, directory: str | Path, *, base: str | Path | None = None) -> None:
-    """Write the adapter's files into ``directory``, a folder the caller stages (a training run's ``step-N/``);
-    ``save_adapter`` is the user-facing save."""
+def portable_base(base: str | Path | None, directory: str | Path) -> str | None:
+    """How an adapter saved in ``directory`` names ``base``: a local folder as a path relative to ``directory``
+    (POSIX separators; the adapter and its base can move together, as a run folder beside its base does), a hub
+    name as it is. ``resolve_base`` reads it back."""
+    if base is None or not Path(base).is_dir():
+        return None if base is None else str(base)
+    target, home = Path(base).resolve(), Path(directory).resolve()
+    try:
+        relative = Path(os.path.relpath(target, home)).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return str(target)
+    return relative if relative.startswith("..") else f"./{relative}"  # "./x": a folder, never a hub name
+
+
+def resolve_base(recorded: str | None, directory: str | Path) -> str | None:
+    """The base an adapter in ``directory`` names (``base_model_name_or_path``), as a path that opens from here:
+    a relative one is taken from the adapter's folder (tinygpt writes it so); an absolute path or a hub name as
+    recorded (peft writes those)."""
+    if recorded is None:
+        return None
+    if recorded.startswith(("./", "../")) or recorded in (".", ".."):
+        return os.path.normpath(os.path.join(str(directory), recorded))
+    return recorded
+
+
+def write_adapter_files(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
+                        tokenizer: Tokenizer | None = None, home: str | Path | None = None) -> None:
+    """Write the adapter's files (and ``tokenizer``'s, with its chat template) into ``directory``, a folder the
+    caller stages (a training run's ``step-N/``); ``home``: the folder the files end up in (default
+    ``directory``), from which the base is named (``portable_base``). ``save_adapter`` is the user-facing save."""
     from safetensors.torch import save_file
 
-    state, peft_config, ours = _adapter_files(model, base)
+    base = base if base is not None else getattr(model, "lora_base", None)
+    state, peft_config, ours = _adapter_files(model, portable_base(base, home if home is not None else directory))
     directory = Path(directory)
+    if tokenizer is not None:
+        tokenizer.save(directory)
     save_file(state, directory / WEIGHTS_FILE, metadata={"format": "pt", "producer": "tinygpt"})
     atomic_write_text(directory / TINYGPT_FILE, json.dumps(ours, indent=2) + "\n")
     atomic_write_text(directory / CONFIG_FILE, json.dumps(peft_config, indent=2) + "\n")
 
 
 def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, tokenizer: Tokenizer | None = None) -> None:
     """Write the adapters of ``model`` (made by ``apply_lora``) into ``directory`` in PEFT's format; ``base``: the
-    folder or hub name of the base model, recorded as ``base_model_name_or_path`` (a local folder as an absolute
-    path). Saved through ``fileio.save_into`` (``adapter_config.json`` last; other files kept)."""
+    folder or hub name of the base model (default: the one ``adapt`` recorded), written as
+    ``base_model_name_or_path`` (a local folder relative to ``directory``: ``portable_base``); ``tokenizer`` (with
+    the chat template the adapter was trained in) is saved beside it. Saved through ``fileio.save_into``
+    (``adapter_config.json`` last; other files kept)."""
     state, _, _ = _adapter_files(model, base)  # errors before anything is created
     needed = sum(t.numel() * t.element_size() for t in state.values())
-    with save_into(directory, ADAPTER, overwrite=overwrite, needed_bytes=needed, what="output folder") as tmp:
-        write_adapter_files(model, tmp, base=base)
+    with save_into(directory, ADAPTER, overwrite=overwrite, needed_bytes=needed, what="output folder",
+                   replaces=TOKENIZER_FILES if tokenizer is not None else ()) as tmp:
+        write_adapter_files(model, tmp, base=base, tokenizer=tokenizer, home=directory)
 
 
 def _check_peft_config(peft: dict[str, Any], path: Path) -> None:
@@ -192,7 +228,7 @@ def read_adapter(directory: str | Path) -> Adapter:
         order = [t for t in GPT2_MODULES if t in targets[0]]
         config = LoRAConfig(r=r, alpha=alpha, dropout=peft.get("lora_dropout", 0.0), targets=tuple(order))
         model_config = None
-    return Adapter(config, state, peft.get("base_model_name_or_path"), model_config)
+    return Adapter(config, state, resolve_base(peft.get("base_model_name_or_path"), directory), model_config)
 
 
 def load_adapter(model: nn.Module, directory: str | Path, *, quantize: str | None = None) -> nn.Module:

@@ -21,7 +21,7 @@ from ..fileio import CHECKPOINT, HF_MODEL, check_save_target, json_object_or_non
 from ..model import GPTModel
 from ..tokenizer import (HF_TOKENIZER_FILES, TOKENIZER_FILES, Tokenizer, gpt2_tokenizer, has_tokenizer_files,
                          tokenizer_from_dir)
-from .hf import GENERATION_CONFIG_FILE, HF_WEIGHT_FILES, export_hf, import_hf, resolve_hf_source
+from .hf import GENERATION_CONFIG_FILE, HF_WEIGHT_FILES, export_hf, import_hf, looks_local, resolve_hf_source
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -38,9 +38,11 @@ def load_pretrained(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
+    base: str | Path | None = None,
 ) -> tuple[GPTModel, Tokenizer | None]:
     """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name, a ``.gguf``
-    file, or a LoRA adapter folder (its base with the adapter merged in: ``load_adapted`` keeps them apart).
+    file, or a LoRA adapter folder (its base -- ``base``, else the one it names -- with the adapter merged in:
+    ``load_adapted`` keeps them apart; ``base`` given for anything else is a ``ValueError``).
 
     ``quantize`` (``"nf4"``, ``"nf4-dq"``; QLoRA's frozen base): the block linears in NF4. A checkpoint or a Hugging
     Face folder is quantised tensor by tensor as it is read, so the float base is never whole in memory; a GGUF
@@ -55,8 +57,11 @@ def load_pretrained(
     if Path(source).is_dir() and is_adapter(source):
         from ..lora import merged_model
 
-        model, tokenizer = load_adapted(source, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
+        model, tokenizer = load_adapted(source, base=base, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
         return _quantized(merged_model(model), quantize), tokenizer
+    if base is not None:
+        raise ValueError(f"--base {base} applies to a LoRA adapter folder only, and {source} is not one "
+                         f"(no adapter_config.json)")
     if Path(source).is_file() and Path(source).suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
@@ -136,10 +141,13 @@ def _quantized(model: GPTModel, quantize: str | None) -> GPTModel:
 def load_adapted(adapter: str | Path, *, base: str | Path | None = None, tokenizer_dir: str | Path | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None, quantize: str | None = None
                  ) -> tuple[GPTModel, Tokenizer | None]:
-    """(base model wrapped with the adapter in ``adapter``, the base's tokenizer). ``base`` (a folder or hub name)
+    """(base model wrapped with the adapter in ``adapter``, its tokenizer). ``base`` (a folder or hub name)
     defaults to the one the adapter names (``base_model_name_or_path``); ``quantize`` (``"nf4"``, ``"nf4-dq"``)
     holds the base in NF4 whatever the adapter was trained with, None keeps the adapter's own choice (an NF4 base is
-    quantised as it is read: ``load_pretrained``)."""
+    quantised as it is read: ``load_pretrained``). The tokenizer is ``tokenizer_dir``'s, else the one saved in the
+    adapter folder (a fine-tuning run saves it there, with the chat template it trained), else the base's -- with
+    the adapter folder's chat template when it has one (a peft/trl adapter may carry only tokenizer_config.json)."""
+    from ..chat_template import read_chat_template as read_template
     from .peft import is_adapter, load_adapter, read_adapter
 
     found = read_adapter(adapter)
@@ -149,16 +157,24 @@ def load_adapted(adapter: str | Path, *, base: str | Path | None = None, tokeniz
         raise ValueError(f"the adapter {adapter} names no base model: give the base (--base DIR|HUBNAME)")
     if Path(reference).is_dir() and is_adapter(reference):
         raise ValueError(f"the base {reference} is itself an adapter: give the model it was trained on")
-    model, tokenizer = load_pretrained(reference, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype,
-                                       quantize=quantize)
+    if base is None and not Path(reference).exists() and (Path(reference).is_absolute() or looks_local(reference)):
+        raise ValueError(f"the adapter {adapter} names its base {reference}, which is not there (moved or deleted?): "
+                         f"give the base with --base DIR|HUBNAME")
+    own = tokenizer_dir is None and has_tokenizer_files(adapter)
+    model, tokenizer = load_pretrained(reference, tokenizer_dir=adapter if own else tokenizer_dir, device=device,
+                                       dtype=dtype, quantize=quantize)
+    if tokenizer is not None and tokenizer_dir is None and not own:
+        template = read_template(adapter)
+        if template is not None:
+            tokenizer = tokenizer.with_chat_template(template)
     return load_adapter(model, adapter, quantize=quantize), tokenizer
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, *, base: str | Path | None = None,
                   overwrite: bool = False) -> list[str]:
     """``tinygpt merge``: the base with the adapter folded into its weights, written as a plain tinygpt checkpoint
-    (with the base's tokenizer) in ``out``; an NF4 (QLoRA) adapter is merged into the float base it was trained
-    from. Returns the names of the files written."""
+    (with the adapter's tokenizer and chat template, else the base's: ``load_adapted``) in ``out``; an NF4 (QLoRA)
+    adapter is merged into the float base it was trained from. Returns the names of the files written."""
     from ..lora import merged_model
 
     check_save_target(out, CHECKPOINT, overwrite=overwrite, inputs=[p for p in (adapter, base) if p is not None

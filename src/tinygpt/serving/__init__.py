@@ -9,6 +9,8 @@
 - ``edge``: middleware that refuses before a handler runs (Host, content type, body size and time).
 - ``app``: one handler per endpoint and the routes; ``server``: running it with uvicorn (header timeout,
   connection limit, shutdown).
+- ``replica_options`` / ``replicas``: the same app in N processes on Ray Serve (``--replicas N``,
+  ``--autoscale MIN:MAX``; the ``cluster`` extra), and the deployment for a user's own Ray Serve application.
 
 Needs the ``serve`` extra (``pip install -e '.[serve]'`` in a checkout: starlette + uvicorn); ``tinygpt serve`` is
 the command.

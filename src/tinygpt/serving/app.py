@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 from importlib import resources
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
@@ -27,12 +28,11 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from torch import nn
 
 from ..text_stream import TextCodec
-from .chat_format import chat_prompt
 from .edge import BodyGuard, HostGuard
 from .embeddings import embeddings
 from .engine import Finish, PromptLogprobs, Step, TokenInfo
@@ -41,7 +41,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .options import ServeOptions
 from .protocol import (
     MAX_INSPECT_TOKENS, APIError, bad, fit_max_tokens, parse_chat, parse_completion, parse_detokenize, parse_inspect,
-    parse_json, parse_tokenize,
+    parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
 from .structured import (
@@ -57,8 +57,9 @@ def _state(request: Request) -> ServerState:
 
 async def _body(request: Request) -> dict[str, Any]:
     """The authorized request's JSON body, parsed and checked off the event loop (a large body takes a while)."""
-    _state(request).authorize(request)
-    return await asyncio.to_thread(parse_json, await request.body())
+    state = _state(request)
+    state.authorize(request)
+    return await state.parse(await request.body())
 
 
 def _usage(state: ServerState, prompt_tokens: int, usage: Usage) -> dict[str, Any]:
@@ -172,15 +173,21 @@ async def completions(request: Request) -> Response:
     if answer is None:
         return _gone()
     texts, tokens, reasons, usage = answer
-    out = []
-    for index, text in enumerate(texts):
-        prefix = prompt_texts[index // n] if req.echo else ""
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs = _completion_logprobs(state, tokens[index], 0)
-        out.append({"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": reasons[index]})
-    return JSONResponse({"id": rid, "object": "text_completion", "created": now, "model": served,
-                         "choices": out, "usage": _usage(state, n_prompt, usage)})
+
+    def body() -> bytes:  # with logprobs it grows with n x the prompt: built off the event loop
+        out = []
+        for index, text in enumerate(texts):
+            prefix = prompt_texts[index // n] if req.echo else ""
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = _completion_logprobs(state, tokens[index], 0)
+            out.append({"index": index, "text": prefix + text, "logprobs": logprobs,
+                        "finish_reason": reasons[index]})
+        return json.dumps({"id": rid, "object": "text_completion", "created": now, "model": served,
+                           "choices": out, "usage": _usage(state, n_prompt, usage)}).encode()
+
+    return Response(body() if req.logprobs is None else await asyncio.to_thread(body),
+                    media_type="application/json")
 
 
 # ------------------------------------------------------------------------------------- /v1/chat/completions
@@ -197,13 +204,14 @@ async def chat_completions(request: Request) -> Response:
     sampling = req.sampling
     adapter = state.check_model(sampling.model)
     served = state.served_name(adapter)
-    # the base checkpoint's chat template (an adapter is served with its base's); none: 400 (the page offers
-    # Completion). Off the loop: a long text.
-    try:
-        ids, template_stops = await asyncio.to_thread(chat_prompt, state.tokenizer, req.messages, req.extras,
-                                                      None if req.tools is None else req.tools.tools)
-    except ValueError as err:
-        raise bad("messages", str(err)) from None
+    # the chat template of the model asked for: an adapter's own folder's (the one it was fine-tuned in), else the
+    # base checkpoint's; none: 400 (the page offers Completion). Off the loop and bounded in time and size
+    # (``ServerState.chat_prompt``).
+    prompt = await state.chat_prompt(request, req.messages, req.extras,
+                                     None if req.tools is None else req.tools.tools, adapter=adapter)
+    if prompt is None:
+        return _gone()
+    ids, template_stops = prompt
     limit = fit_max_tokens(sampling.max_tokens, None, len(ids), state.context, req.max_tokens_param, "messages")
     grammar = None
     if req.constraint is not None:  # the grammar ends the answer: the template's stop texts could cut a JSON string
@@ -300,7 +308,7 @@ def _model_card(state: ServerState, adapter: int = -1) -> dict[str, Any]:
     return {"id": state.served_name(adapter), "object": "model", "created": state.created, "owned_by": "tinygpt",
             **lineage, "context_length": state.context, "vocab_size": state.vocab, "n_layers": state.n_layers,
             "n_heads": state.model.config.n_heads,
-            "has_chat_template": getattr(state.tokenizer, "chat_template", None) is not None}  # the page's Chat tab
+            "has_chat_template": getattr(state.chat_tokenizer(adapter), "chat_template", None) is not None}  # Chat tab
 
 
 async def list_models(request: Request) -> Response:
@@ -326,7 +334,7 @@ async def tokenize(request: Request) -> Response:
         return json.dumps({"tokens": ids, "count": len(ids), "max_model_len": state.context,
                            "pieces": [state.token_text(t) for t in ids]}).encode()
 
-    return Response(await asyncio.to_thread(answer), media_type="application/json")
+    return Response(await state.utility(answer), media_type="application/json")
 
 
 async def tokenizer_info(request: Request) -> Response:
@@ -344,16 +352,35 @@ async def detokenize(request: Request) -> Response:
     name, ids = parse_detokenize(await _body(request))
     state.check_model(name)
     state.check_ids(ids, "tokens")
-    return JSONResponse({"prompt": await asyncio.to_thread(state.tokenizer.decode, ids)})
+    return JSONResponse({"prompt": await state.utility(lambda: state.tokenizer.decode(ids))})
+
+
+class _HeldResponse(Response):
+    """A response that holds a place until its body is sent (or its client is gone): an answer left unread stays
+    counted (``/inspect``'s place in the queue), so unread answers are bounded in number as well as in time
+    (``--write-timeout``)."""
+
+    def __init__(self, body: bytes, place: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        super().__init__(body, media_type="application/json")
+        self.place = place
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.place.__aexit__(None, None, None)
 
 
 async def inspect(request: Request) -> Response:
-    """Admitted through the queue before any work (``ServerState.inspect_place``); its size is bounded by the token
-    limit below."""
+    """Admitted through the queue before any work (``ServerState.inspect_place``), which it holds until its answer
+    is sent; its size is bounded by the token limit below."""
     state = _state(request)
     state.authorize(request)
-    async with state.inspect_place():
+    place = state.inspect_place()
+    await place.__aenter__()
+    try:
         req = parse_inspect(await _body(request))
+        adapter = state.check_model(req.model)
         ids = await asyncio.to_thread(state.encode, req.text, "text")
         limit = min(state.context, MAX_INSPECT_TOKENS)
         if len(ids) > limit:
@@ -361,10 +388,14 @@ async def inspect(request: Request) -> Response:
         if req.layer >= state.n_layers:
             raise bad("layer", f"must be in [0, {state.n_layers - 1}] (the model has {state.n_layers} blocks), got "
                                f"{req.layer}")
-        result = await state.run_inspect(lambda: inspect_text(state.model, state.tokenizer, ids, layer=req.layer,
-                                                              top=req.top, logit_lens=req.logit_lens))
-        body = await asyncio.to_thread(lambda: json.dumps(result).encode())
-    return Response(body, media_type="application/json")
+        # the answer's JSON is built on the engine's thread too: its time counts in the inspection's share
+        body = await state.run_inspect(lambda: json.dumps(inspect_text(
+            state.model, state.tokenizer, ids, layer=req.layer, top=req.top, logit_lens=req.logit_lens,
+            adapter=adapter)).encode())
+    except BaseException:
+        await place.__aexit__(None, None, None)
+        raise
+    return _HeldResponse(body, place)
 
 
 async def metrics(request: Request) -> Response:
@@ -380,6 +411,29 @@ def _page() -> str:
 
 async def page(request: Request) -> Response:
     return HTMLResponse(_page())
+
+
+# The repository's docs/ beside the package (src/tinygpt/serving/app.py -> the checkout's root): the page's links to
+# the guide open there. An installation without a checkout has none: --docs-url points the links elsewhere.
+DOCS_ROOT = Path(__file__).resolve().parents[3] / "docs"
+DOC_TYPES = {".md": "text/plain; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
+             ".jpg": "image/jpeg"}
+
+
+async def docs(request: Request) -> Response:
+    """``GET /docs/PATH``: a page of the guide the page links to, read-only: a Markdown file (as plain text) or an
+    image under ``DOCS_ROOT``, nothing outside it; with ``--docs-url`` a redirect there instead."""
+    options = _state(request).options
+    path = request.path_params["path"]
+    if options.docs_url is not None:
+        return RedirectResponse(f"{options.docs_url.rstrip('/')}/{path}", status_code=307)
+    if not DOCS_ROOT.is_dir():
+        raise APIError(404, f"docs/{path}: this installation has no docs folder (it is in the repository's checkout);"
+                            f" start the server with --docs-url URL to link the guide elsewhere")
+    target = (DOCS_ROOT / path).resolve()
+    if DOCS_ROOT not in target.parents or target.suffix.lower() not in DOC_TYPES or not target.is_file():
+        raise APIError(404, f"docs/{path}: no such page of the guide (Markdown files and images under docs/)")
+    return Response(await asyncio.to_thread(target.read_bytes), media_type=DOC_TYPES[target.suffix.lower()])
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -403,6 +457,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 ROUTES = [
     Route("/", page, methods=["GET"]),
+    Route("/docs/{path:path}", docs, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{name:path}", get_model, methods=["GET"]),

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..alignment.chat import STOP_TEXTS, require_chat_template, template_stop_texts
 from ..alignment.data import ALPACA_CHAT_TEMPLATE
-from ..chat_template import ChatTemplate
+from ..chat_template import ChatTemplate, RenderLimits
 from ..text_stream import TextCodec
 from ..tokenizer import ENDOFTEXT, Tokenizer
 
@@ -52,21 +52,50 @@ def check_conversation(messages: list[tuple[str, str]],
 
 
 def render_chat(messages: list[tuple[str, str]], template: ChatTemplate | None = None,
-                extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None) -> str:
+                extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+                limits: RenderLimits | None = None) -> str:
     """The prompt text for a conversation: ``template`` (default: the Alpaca template SFT writes) with the
-    generation prompt (and ``tools``, as ``apply_chat_template`` passes them). Errors as ``check_conversation``'s,
-    and the template's own as ``ValueError``."""
+    generation prompt (and ``tools``, as ``apply_chat_template`` passes them), within ``limits``
+    (``chat_template.RenderLimits``). Errors as ``check_conversation``'s, and the template's own as ``ValueError``."""
     template = template or ChatTemplate(ALPACA_CHAT_TEMPLATE)
-    return template.render(check_conversation(messages, extras), add_generation_prompt=True, tools=tools)
+    return template.render(check_conversation(messages, extras), add_generation_prompt=True, tools=tools,
+                           limits=limits)
+
+
+def chat_text(tokenizer: TextCodec, messages: list[tuple[str, str]], extras: list[dict[str, Any]] | None = None,
+              tools: list[dict[str, Any]] | None = None,
+              limits: RenderLimits | None = None) -> tuple[str, tuple[str, ...]]:
+    """(prompt text, stop texts) for a conversation with ``tokenizer``'s model, rendered within ``limits``. A
+    ``ValueError`` says what is wrong: no chat template, a conversation the rules or the template refuse, a
+    template past its limits."""
+    template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
+    return render_chat(messages, template, extras, tools, limits), template_stop_texts(template, limits)
+
+
+def encode_chat(tokenizer: TextCodec, text: str) -> list[int]:
+    """A rendered chat's ids. The template may write special tokens (eos_token, ...): they become their ids, as
+    transformers tokenizes a rendered chat; the messages themselves may not hold one (check_conversation)."""
+    ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)
+    return list(ids)
+
+
+def prompt_char_limit(tokenizer: TextCodec, context: int, vocab: int, max_body_bytes: int) -> tuple[int, str]:
+    """(the longest rendered chat prompt worth tokenizing, why): no token is longer than the tokenizer's longest
+    (L bytes), so a text of more than context x L bytes has more tokens than the context holds; and no prompt may be
+    longer than a request body (--max-body-bytes). ``vocab``: the ids that have a text."""
+    limit, note = max_body_bytes, " (--max-body-bytes)"
+    get = getattr(tokenizer, "token_bytes", None)
+    if get is not None:
+        longest = max(len(get(t)) for t in range(vocab))
+        if context * longest < limit:
+            limit = context * longest
+            note = f" (a longer prompt has more than the context's {context} tokens: no token is longer than " \
+                   f"{longest} bytes)"
+    return limit, note
 
 
 def chat_prompt(tokenizer: TextCodec, messages: list[tuple[str, str]], extras: list[dict[str, Any]] | None = None,
                 tools: list[dict[str, Any]] | None = None) -> tuple[list[int], tuple[str, ...]]:
-    """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model. A ``ValueError`` says what is wrong:
-    no chat template, a conversation the rules or the template refuse, text the tokenizer cannot encode."""
-    template = require_chat_template(tokenizer, "the model", "use /v1/completions (the page's Completion tab)")
-    text = render_chat(messages, template, extras, tools)
-    # The template may write special tokens (eos_token, ...): they become their ids, as transformers tokenizes a
-    # rendered chat; the messages themselves may not hold one (check_conversation).
-    ids = tokenizer.encode(text, allowed_special=True) if isinstance(tokenizer, Tokenizer) else tokenizer.encode(text)
-    return list(ids), template_stop_texts(template)
+    """(prompt ids, stop texts) for a conversation with ``tokenizer``'s model (the default ``RenderLimits``)."""
+    text, stops = chat_text(tokenizer, messages, extras, tools)
+    return encode_chat(tokenizer, text), stops

@@ -5,7 +5,10 @@
   the name it must send in ``Host`` is its own, so refusing it is the defence Jupyter and others use.
 - ``BodyGuard``: a POST body must be ``application/json`` (415: a page elsewhere can send ``text/plain`` without
   asking the browser first, but not JSON), at most ``max_body_bytes`` (413, from ``Content-Length`` before reading
-  or while reading) and sent within ``body_timeout`` seconds (408). The body is read here, once, and handed on.
+  or while reading) and sent within ``body_timeout`` seconds (408), at ``min_body_rate`` bytes per second on average
+  after its first ``BODY_RATE_GRACE`` seconds (408). At most ``max_body_connections`` requests send their bodies at
+  once (503 beyond): a slow sender holds a slot of its own kind, never the ones requests being served and
+  ``/health`` need. The body is read here, once, and handed on.
 
 CORS (``--cors-origin``) is Starlette's ``CORSMiddleware``, between the two; no origin is allowed by default.
 """
@@ -23,6 +26,7 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+BODY_RATE_GRACE = 1.0  # seconds a body may take before the minimum rate applies (a client's first round trips)
 
 
 async def refuse(send: Send, status: int, message: str, *, code: str | None = None,
@@ -69,6 +73,7 @@ class HostGuard:
 class BodyGuard:
     def __init__(self, app: ASGIApp, options: ServeOptions) -> None:
         self.app, self.limit, self.timeout = app, options.max_body_bytes, options.body_timeout
+        self.rate, self.slots, self.reading = options.min_body_rate, options.max_body_connections, 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -83,7 +88,16 @@ class BodyGuard:
         if length is not None and length.strip().isdigit() and int(length) > self.limit:
             await refuse(send, 413, self._too_large(int(length)), code="body_too_large")
             return
-        body = await self._read(receive, send)
+        if self.reading >= self.slots:
+            await refuse(send, 503, f"{self.reading} requests are sending their bodies, the most this server takes "
+                                    f"at once (--max-body-connections); retry later", code="too_many_uploads",
+                         headers={"Retry-After": "1"})
+            return
+        self.reading += 1
+        try:
+            body = await self._read(receive, send)
+        finally:
+            self.reading -= 1
         if body is None:
             return
         replayed = False
@@ -103,14 +117,19 @@ class BodyGuard:
     async def _read(self, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering 413/408 (or when the client left)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        start = loop.time()
+        deadline = start + self.timeout
         chunks, size = [], 0
         while True:
+            # the next bytes are due when the body so far falls below the minimum rate (or at the deadline)
+            due = min(deadline, start + BODY_RATE_GRACE + size / self.rate) if self.rate else deadline
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                message = await asyncio.wait_for(receive(), max(0.0, due - loop.time()))
             except asyncio.TimeoutError:
-                await refuse(send, 408, f"the request body did not arrive within {self.timeout:g} s "
-                                        f"(--body-timeout)", code="request_timeout")
+                why = (f"arrived slower than {self.rate} bytes/s ({size} bytes in {loop.time() - start:.1f} s, "
+                       f"--min-body-rate)" if due < deadline else
+                       f"did not arrive within {self.timeout:g} s (--body-timeout)")
+                await refuse(send, 408, f"the request body {why}", code="request_timeout")
                 return None
             if message["type"] == "http.disconnect":
                 return None

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from torch import nn
 
 from ..multi_lora import use_adapters
-from .protocol import _Fields, _prompts, bad, parse_json
+from .protocol import _Fields, _prompts, bad
 
 POOLINGS = ("mean", "last")
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -107,7 +107,7 @@ def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
 async def embeddings(request: Request) -> Response:
     state = request.app.state.tinygpt
     state.authorize(request)
-    req = parse_embeddings(await asyncio.to_thread(parse_json, await request.body()))
+    req = parse_embeddings(await state.parse(await request.body()))  # off the heavy endpoints' threads
     adapter = state.check_model(req.model)
 
     def tokenize() -> list[list[int]]:

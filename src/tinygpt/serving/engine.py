@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -99,6 +100,7 @@ class EngineRequest:
     prompt_logprobs: bool = False
     adapter: int = -1
     constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
+    cache_salt: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -168,6 +170,7 @@ class EngineThread:
         self._jobs: collections.deque[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]] = (
             collections.deque())
         self._live: dict[int, _Live] = {}
+        self._job_debt = 0.0  # seconds the rows are owed for the last job's time (``_loop``)
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tinygpt-engine", daemon=True)
@@ -198,7 +201,8 @@ class EngineThread:
 
     def call(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
         """Run ``fn()`` on the engine's thread between two steps (so it never competes with the batch for the
-        model); ``done(result, error)`` is called there afterwards."""
+        model), one at a time, each after the rows have had as much time as the last one took; ``done(result,
+        error)`` is called there afterwards."""
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
@@ -224,25 +228,33 @@ class EngineThread:
     # ------------------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # this thread only runs inference
+        job = None
         while True:
             with self._cv:
                 while not (self._live or self._inbox or self._jobs or self._stopping):
                     self._cv.wait()
-                jobs = list(self._jobs)
-                self._jobs.clear()
                 newcomers = list(self._inbox)
                 self._inbox.clear()
                 if self._stopping:
                     break
+                # a job (an /inspect) runs when the rows have had as much time since the last one as it took:
+                # with rows decoding, jobs get at most half the engine, however many wait
+                busy = self.core.has_work
+                job = self._jobs.popleft() if self._jobs and (self._job_debt <= 0 or not busy) else None
             try:
                 with torch.inference_mode(), autocast(self.device, self.autocast_dtype):
-                    for fn, done in jobs:
-                        self._run_job(fn, done)
+                    if job is not None:
+                        start = time.monotonic()
+                        self._run_job(*job)
+                        self._job_debt = time.monotonic() - start if busy else 0.0
+                        job = None
                     for req in newcomers:
                         self._add(req)
                     self._drop_cancelled()
                     if self.core.has_work:
+                        start = time.monotonic()
                         self._step()
+                        self._job_debt = max(0.0, self._job_debt - (time.monotonic() - start))
             except Exception as err:  # a bug: fail the rows it may have touched, start a fresh core, keep serving
                 traceback.print_exc(file=sys.stderr)
                 for live in list(self._live.values()):
@@ -252,8 +264,9 @@ class EngineThread:
             self._finish(live, Finish("cancelled", message="the server shut down"))
         for req in newcomers:
             self._emit(req, Finish("cancelled", message="the server shut down", prompt_tokens=len(req.prompt)))
-        for fn, done in jobs:
+        for fn, done in self._jobs:
             done(None, EngineStopped("the server is shutting down"))
+        self._jobs.clear()
 
     @staticmethod
     def _run_job(fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
@@ -294,13 +307,14 @@ class EngineThread:
         try:
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
-                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint)
+                      want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint,
+                      cache_salt=req.cache_salt)
             live = _Live(req, row, self.tokenizer)
             if req.prompt_logprobs and len(req.prompt) > 1:
                 # position t predicts token t + 1: the scoring row feeds the first P - 1 tokens (a C + 1-token
                 # prompt is scored as lm-eval's HF class scores it, the model reading C tokens)
                 live.scoring = Row(list(req.prompt), None, scored=len(req.prompt) - 1, want_logits=True, tag=req,
-                                   adapter=req.adapter)
+                                   adapter=req.adapter, cache_salt=req.cache_salt)
                 self.core.add(live.scoring)
             else:
                 if req.prompt_logprobs and not self._emit(req, PromptLogprobs([TokenInfo(req.prompt[0])])):

@@ -8,12 +8,14 @@ The attention weights are the model's own (``experiments.attention.attention_wei
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..experiments.attention import attention_weights
+from ..multi_lora import use_adapters
 from ..text_stream import TextCodec
 
 
@@ -30,16 +32,23 @@ def _top_list(probs: torch.Tensor, top: int, tokenizer: TextCodec) -> list[list[
 
 @torch.inference_mode()
 def inspect_text(model: nn.Module, tokenizer: TextCodec, ids: list[int], *, layer: int, top: int,
-                 logit_lens: bool) -> dict[str, Any]:
+                 logit_lens: bool, adapter: int = -1) -> dict[str, Any]:
     """The Inspect view's data for ids (non-empty, within the context):
 
     ``tokens`` [T] {id, text}; ``next`` [T][top] the next-token distribution after each position; ``attention``
     [H][T][T] the weights of block ``layer`` (query row, key column; rounded to 6 decimals, exact zeros stay 0);
     with ``logit_lens``, ``lens`` [L][T] the top token after each block (the last block's row is ``next``'s first
-    column: the model's own prediction). At most the context's tokens: the answer's size is bounded by it."""
+    column: the model's own prediction). At most the context's tokens: the answer's size is bounded by it.
+    ``adapter``: the index of the model's attached LoRA adapter to inspect (``multi_lora``; -1: the base)."""
     context = model.config.context_length
     if not 0 < len(ids) <= context:
         raise ValueError(f"inspect_text takes 1 to {context} token ids (the model's context), got {len(ids)}")
+    with contextlib.nullcontext() if adapter < 0 else use_adapters(model, [adapter]):
+        return _inspect(model, tokenizer, ids, layer, top, logit_lens)
+
+
+def _inspect(model: nn.Module, tokenizer: TextCodec, ids: list[int], layer: int, top: int,
+             logit_lens: bool) -> dict[str, Any]:
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
     probs = model(idx)[0].float().softmax(-1)  # [T, V]
     weights, _ = attention_weights(model, idx, layer)  # [1, H, T, T]

@@ -71,10 +71,22 @@ class ServeOptions:
     cors_origin: list[str] | None = option(None, "let pages from these origins call the API from a browser "
                                                  "(e.g. http://localhost:3000; * for any)", metavar="ORIGIN",
                                            default_help="none")
+    docs_url: str | None = option(None, "where the page's links to the guide (docs/...) lead: this URL + the "
+                                        "page's path, e.g. a repository's https://host/owner/tinygpt/blob/main/docs",
+                                  metavar="URL", default_help="served read-only from the checkout's docs/ folder")
     max_body_bytes: int = option(2 ** 20, "largest request body; beyond, 413")
     header_timeout: float = option(10.0, "seconds a connection may take to send a request's headers; beyond, "
                                          "408 and closed")
     body_timeout: float = option(30.0, "seconds a request may take to send its body; beyond, 408")
+    write_timeout: float = option(30.0, "seconds a client may leave its answer unread (the server's send buffer "
+                                        "full); beyond, the connection is closed and the answer dropped")
+    max_body_connections: int | None = option(None, "requests sending their bodies at once at most; beyond, 503 "
+                                                    "(so slow senders cannot take every connection)",
+                                              default_help="half of --max-connections")
+    min_body_rate: int = option(1024, "bytes per second a request body must average after its first "
+                                      "second; slower, 408", metavar="BYTES")
+    template_timeout: float = option(2.0, "seconds the chat template may take to render one request's prompt; "
+                                          "beyond, 400")
     keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open (uvicorn's "
                                         "timeout_keep_alive)")
     max_header_bytes: int = option(16384, "largest request head (request line + headers); beyond, 400 (uvicorn's "
@@ -112,11 +124,17 @@ class ServeOptions:
         checks.int_in_range("max_body_bytes", self.max_body_bytes, 1024, None)
         checks.positive_number("header_timeout", self.header_timeout)
         checks.positive_number("body_timeout", self.body_timeout)
+        checks.positive_number("write_timeout", self.write_timeout)
+        checks.non_negative_int("min_body_rate", self.min_body_rate)
+        checks.positive_number("template_timeout", self.template_timeout)
         checks.positive_int("keep_alive_timeout", self.keep_alive_timeout)
         checks.int_in_range("max_header_bytes", self.max_header_bytes, 1024, None)
         checks.positive_int("max_connections", self.max_connections, optional=True)
         if self.max_connections is None:
             self.max_connections = default_max_connections()
+        checks.positive_int("max_body_connections", self.max_body_connections, optional=True)
+        if self.max_body_connections is None:
+            self.max_body_connections = max(1, self.max_connections // 2)
         checks.non_negative_number("shutdown_timeout", self.shutdown_timeout)
         checks.choice("log_level", self.log_level, LOG_LEVELS)
         checks.int_in_range("token_budget", self.token_budget, self.max_batch, None, optional=True,
@@ -135,6 +153,8 @@ class ServeOptions:
         for origin in self.cors_origin or []:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise checks.OptionError("cors_origin", origin, "must be * or an origin like http://host:port")
+        if self.docs_url is not None and not self.docs_url.startswith(("http://", "https://")):
+            raise checks.OptionError("docs_url", self.docs_url, "must be an http:// or https:// URL")
 
     @property
     def served_name(self) -> str:

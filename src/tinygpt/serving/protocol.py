@@ -22,6 +22,7 @@ MAX_STOP_CHARS = 128  # per stop sequence: each is searched for in every row's t
 MAX_LOGPROBS = 20  # top alternatives per token
 MAX_N = 16  # choices per prompt
 MAX_JSON_DEPTH = 32  # the deepest body the API has is 5 levels (messages[i].content[j].text)
+MAX_CACHE_SALT_CHARS = 256  # a tenant's key, a hash of it
 MAX_INT_DIGITS = 20  # a 64-bit integer has at most 20 digits (a seed, a token id)
 
 
@@ -188,6 +189,7 @@ class Sampling:
     stream: bool
     include_usage: bool
     stop: list[str] = field(default_factory=list)
+    cache_salt: str | None = None  # vLLM's: only rows with the same salt share cached prefix blocks
 
 
 @dataclass
@@ -211,7 +213,7 @@ class ChatRequest:
 
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "n", "stream",
-           "stream_options", "stop", "user", "presence_penalty", "frequency_penalty", "logit_bias",
+           "stream_options", "stop", "user", "presence_penalty", "frequency_penalty", "logit_bias", "cache_salt",
            "response_format", "grammar", "regex"}  # the last three: serving.structured
 
 
@@ -256,11 +258,14 @@ def _sampling(f: _Fields, max_tokens_name: str = "max_tokens") -> Sampling:
         longest = max(len(s) for s in stop)
         raise bad("stop", f"a stop sequence may have at most {MAX_STOP_CHARS} characters, got {longest}")
     f.str("user")
+    cache_salt = f.str("cache_salt")
+    if cache_salt is not None and not 0 < len(cache_salt) <= MAX_CACHE_SALT_CHARS:
+        raise bad("cache_salt", f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters")
     f.neutral("presence_penalty", 0)
     f.neutral("frequency_penalty", 0)
     f.neutral("logit_bias", {})
     return Sampling(model, max_tokens, temperature, top_p, top_k, repetition_penalty, seed, n, stream,
-                    include_usage, stop)
+                    include_usage, stop, cache_salt)
 
 
 def _prompts(value: Any) -> list[str | list[int]]:
@@ -387,6 +392,7 @@ class InspectRequest:
     layer: int
     top: int
     logit_lens: bool
+    model: str | None = None
 
 
 MAX_INSPECT_TOKENS = 256  # the page draws T x T heat maps
@@ -394,9 +400,9 @@ MAX_INSPECT_TOKENS = 256  # the page draws T x T heat maps
 
 def parse_inspect(body: dict[str, Any]) -> InspectRequest:
     f = _Fields(body, {"model", "text", "layer", "top", "logit_lens"})
-    f.str("model")
+    model = f.str("model")
     text = f.str("text")
     if not text:
         raise bad("text", "is required and must not be empty")
     return InspectRequest(text, f.int("layer", 0, lo=0), f.int("top", 5, lo=1, hi=MAX_LOGPROBS),
-                          f.bool("logit_lens", False))
+                          f.bool("logit_lens", False), model)

@@ -10,6 +10,9 @@ What uvicorn's own settings give is used (``serving.options`` names them); what 
   the connection that has waited longest for a request head (408) to make room for the new one, and answers 503
   only when every connection is being served: a flood of half-open connections evicts its own, and ``/health``
   still gets through.
+- a write timeout: a client that does not read its answer keeps it in the server's memory (the transport buffers
+  what the socket cannot take). Once the buffer is past its high-water mark, the client has ``write_timeout``
+  seconds to read it down again, or the connection is aborted and the buffer freed.
 - running out of file descriptors anyway (another process, a limit set below ``max_connections``): asyncio logs
   every failed ``accept`` (once a second) with a traceback; ``_AcceptErrors`` logs it once, then at most once a
   minute.
@@ -61,6 +64,7 @@ class _Protocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = self.loop.time()  # waiting for a request head since (None: serving one)
         self._answered = False  # a response went out: an idle keep-alive connection is closed without a word
+        self._write_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > options.max_connections and not self._evict_idle():
             transport.write(_plain_response(503, "Service Unavailable", f"too many connections (more than "
                                             f"{options.max_connections}, --max-connections); retry later"))
@@ -125,7 +129,30 @@ class _Protocol(H11Protocol):
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._arm_header_timer()  # the next request's head gets the same time
 
+    def pause_writing(self) -> None:
+        """The send buffer is past its high-water mark: the client has ``write_timeout`` seconds to drain it."""
+        super().pause_writing()
+        if self._write_timer is None:
+            timeout = self.config.tinygpt_options.write_timeout  # type: ignore[attr-defined]
+            self._write_timer = self.loop.call_later(timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        timeout = self.config.tinygpt_options.write_timeout  # type: ignore[attr-defined]
+        logger.warning("a client left its answer unread for %g s (--write-timeout): connection closed", timeout)
+        self.transport.abort()  # drops what is buffered; the handler's next send finds the client gone
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_write_timer()
         self._cancel_header_timer()
         self._idle_since = None
         super().connection_lost(exc)
@@ -219,16 +246,21 @@ def run_server(app: Any, options: ServeOptions | None = None, *,
     options = options or _options_of(app)
     sock = _listen(options.host, options.port)
     url = f"http://{options.host}:{sock.getsockname()[1]}"
-    if announce is not None:
-        announce(url)
+    server = _server(app, options)
     received: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
+        # before uvicorn's own handlers are in (its serve() installs them) a signal must still stop the server;
+        # after, uvicorn re-raises the signals it caught once it is done, and they land here only to be noted
         received.append(signum)
+        server.should_exit = True
 
+    # the handlers go in before the URL is announced: a client (or a supervisor) may signal as soon as it reads it
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _server(app, options).run(sockets=[sock])
+        if announce is not None:
+            announce(url)
+        server.run(sockets=[sock])
     finally:
         sock.close()
         for sig, handler in previous.items():

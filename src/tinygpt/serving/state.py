@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -19,14 +21,21 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import Request
 from torch import nn
 
+from ..chat_template import RenderLimits
 from ..generation import GenerationConfig
 from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
+from .chat_format import chat_text, encode_chat, prompt_char_limit
 from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .metrics import ServerMetrics, scheduler_reading
 from .options import ServeOptions
-from .protocol import APIError, Sampling, bad
+from .protocol import APIError, Sampling, bad, parse_json
+
+INLINE_JSON_BYTES = 16384  # a body this small is parsed on the event loop (well under a millisecond)
+PARSE_THREADS = 2  # larger bodies: parsed on their own threads, never queued behind /tokenize's work
+UTILITY_THREADS = 1  # /tokenize and /detokenize: their own thread, so they never delay a generation request (one:
+# tokenizing is Python work under the GIL, so more threads add no speed, only contention with the engine's thread)
 
 RETRY_AFTER_SECONDS = 1
 
@@ -160,6 +169,9 @@ class ServerState:
         self.model, self.tokenizer, self.options, self.dtype = model, tokenizer, options, dtype
         self.model_name = options.served_name
         self.adapters = attach_served_adapters(model, options.adapters)  # the adapters' names, by index
+        # each adapter's tokenizer for chat: its folder's chat template (a fine-tuning run saves the one it trained
+        # in) over the base's tokenizer, else the base's own
+        self.adapter_tokenizers = [adapter_chat_tokenizer(tokenizer, d) for d in options.adapters.values()]
         self.speculative = "draft" if draft_model is not None and options.speculative == "off" else options.speculative
         self.draft_model = self._draft(draft_model)
         self.context = model.config.context_length
@@ -174,14 +186,38 @@ class ServerState:
         self.open: set[Choices] = set()
         self.inspect_pending = 0  # /inspect requests admitted and not yet answered
         self.inspect_turn = asyncio.Lock()  # one /inspect on the engine at a time
+        self._check_capacity()
+        self._pools()
+        self.max_prompt_chars, self._prompt_chars_note = prompt_char_limit(
+            tokenizer, self.context, self.text_vocab, options.max_body_bytes)
         # surrogateescape: a key from a command line that is not valid UTF-8 keeps its bytes (as Python decoded them)
         self._key = None if options.api_key is None else options.api_key.encode("utf-8", "surrogateescape")
         self.metrics = ServerMetrics(self.model_name, lambda: None if self.engine is None
                                      else scheduler_reading(self.engine))
 
     # ------------------------------------------------------------------------------------------ lifespan
+    def _check_capacity(self) -> None:
+        """Refuse settings no request could be served with: the cache must hold one row of a whole context plus
+        its draft tokens (a row may reach the context, and drafts are written before they are verified)."""
+        o = self.options
+        drafts = o.speculative_tokens if self.speculative != "off" else 0
+        cache = o.cache_tokens if o.cache_tokens is not None else o.max_batch * self.context
+        if cache < self.context + drafts:
+            given = f"--cache-tokens {o.cache_tokens}" if o.cache_tokens is not None else (
+                f"the default cache (--max-batch {o.max_batch} x the context)")
+            parts = f"the model's context of {self.context}" + (f" + --speculative-tokens {drafts}" if drafts else "")
+            raise ValueError(f"{given} holds {cache} positions, but one row may need {self.context + drafts} "
+                             f"({parts}): raise --cache-tokens" + (" or lower --speculative-tokens" if drafts else ""))
+
+    def _pools(self) -> None:
+        self.parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="tinygpt-parse")
+        self.utility_pool = ThreadPoolExecutor(UTILITY_THREADS, thread_name_prefix="tinygpt-utility")
+        self._pools_open = True
+
     def start(self) -> None:
         o = self.options
+        if not self._pools_open:  # started again after a stop
+            self._pools()
         self.engine = EngineThread(self.model, self.tokenizer, max_batch=o.max_batch, max_queue=o.max_queue,
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
@@ -208,6 +244,9 @@ class ServerState:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
+        for pool in (self.parse_pool, self.utility_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools_open = False
 
     def abort_all(self, message: str = "the server shut down before the request finished") -> int:
         """End every request in flight with an error (streams: an error event and ``[DONE]``); returns how many."""
@@ -249,6 +288,10 @@ class ServerState:
         raise APIError(404, f"the model {name!r} does not exist; this server has {have}", param="model",
                        code="model_not_found")
 
+    def chat_tokenizer(self, adapter: int) -> TextCodec:
+        """The tokenizer whose chat template a chat request for ``adapter`` (-1: the base) is rendered with."""
+        return self.tokenizer if adapter < 0 else self.adapter_tokenizers[adapter]
+
     def served_name(self, adapter: int) -> str:
         """The id an answer names: the base's, or its adapter's."""
         return self.model_name if adapter < 0 else self.adapters[adapter]
@@ -273,6 +316,49 @@ class ServerState:
                           + (f" (the tokenizer's; the model has {self.vocab} rows)" if self.text_vocab < self.vocab
                              else ""))
         return ids
+
+    async def parse(self, raw: bytes) -> dict[str, Any]:
+        """A request body as JSON (``protocol.parse_json``): a small one on the loop, a larger one on the parse
+        threads (``parse_pool``), which nothing else uses."""
+        if len(raw) <= INLINE_JSON_BYTES:
+            return parse_json(raw)
+        return await asyncio.get_running_loop().run_in_executor(self.parse_pool, parse_json, raw)
+
+    async def utility(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the /tokenize and /detokenize threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.utility_pool, fn)
+
+    # ------------------------------------------------------------------------------------------ chat prompts
+    async def chat_prompt(self, request: Request, messages: list[tuple[str, str]],
+                          extras: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+                          *, adapter: int = -1) -> tuple[list[int], tuple[str, ...]] | None:
+        """(prompt ids, stop texts) of a conversation (with its tool calls and tools: ``chat_format.render_chat``)
+        through the model's chat template, rendered off the loop
+        within ``--template-timeout`` and ``max_prompt_chars`` (checked before any token is made, as the text
+        streams out), and stopped when the client leaves (None then). 400 naming the template for anything it
+        refuses or any limit it passes. ``adapter``: whose template (``chat_tokenizer``)."""
+        tokenizer = self.chat_tokenizer(adapter)
+        cancelled = threading.Event()
+        limits = RenderLimits(self.options.template_timeout, self.max_prompt_chars, cancelled,
+                              self._prompt_chars_note)
+
+        def work() -> tuple[list[int], tuple[str, ...]]:
+            text, stops = chat_text(tokenizer, messages, extras, tools, limits)
+            return encode_chat(tokenizer, text), stops
+
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                cancelled.set()  # the rendering stops at the template's next line
+                return None
+            try:
+                return task.result()
+            except ValueError as err:
+                raise bad("messages", str(err)) from None
+        finally:
+            gone.cancel()
 
     # ------------------------------------------------------------------------------------------ token text
     def token_bytes(self, token: int) -> bytes:
@@ -322,7 +408,8 @@ class ServerState:
                     overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
-                    adapter=adapter, constraint=None if grammar is None else grammar.constraint(device)))
+                    adapter=adapter, constraint=None if grammar is None else grammar.constraint(device),
+                    cache_salt=sampling.cache_salt))
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:
@@ -414,6 +501,16 @@ def attach_served_adapters(model: nn.Module, adapters: dict[str, str]) -> list[s
         return attach_adapters(model, parts)
     except ValueError as err:
         raise ValueError(f"--adapter: {err}") from None
+
+
+def adapter_chat_tokenizer(tokenizer: TextCodec, directory: str) -> TextCodec:
+    """``tokenizer`` with the chat template saved in the adapter folder ``directory``, when there is one there."""
+    from ..chat_template import read_chat_template
+
+    template = read_chat_template(directory)
+    if template is None or not hasattr(tokenizer, "with_chat_template"):
+        return tokenizer
+    return tokenizer.with_chat_template(template)
 
 
 async def _disconnected(request: Request) -> None:

@@ -82,9 +82,7 @@ def save_checkpoint(run_dir: Path, step: int, model: GPTModel, tokenizer: Tokeni
         if is_adapted(model):
             from ..interop.peft import write_adapter_files
 
-            write_adapter_files(model, tmp, base=model.lora_base)
-            if tokenizer is not None:
-                tokenizer.save(tmp)
+            write_adapter_files(model, tmp, base=model.lora_base, tokenizer=tokenizer, home=target)
         else:
             write_checkpoint_files(model, tmp, tokenizer)
         if os.environ.get(FAULT_ENV) == str(step):
@@ -203,6 +201,22 @@ def resolve_resume(resume: str | os.PathLike | None, run_dir: Path) -> Path | No
     if not found:
         raise ValueError(f"--resume {path}: neither a complete step-N checkpoint nor a run folder holding one")
     return found[-1][1]
+
+
+def refuse_other_global_batch(state: dict[str, Any], batch_size: int | None, world_size: int) -> None:
+    """``ValueError`` when a checkpoint resumes under another world size with other rows per micro-batch. Each
+    micro-batch draws ``batch_size x world_size`` windows from one stream and rank r takes its ``batch_size`` rows
+    of them, so the same product resumes the same computation (up to the order of the all-reduce's sums); another
+    product would draw other windows and train on another batch size."""
+    saved_world, saved_batch = state.get("world_size"), state.get("options", {}).get("batch_size")
+    if saved_world is None or saved_batch is None or batch_size is None or saved_world == world_size:
+        return
+    if saved_batch * saved_world != batch_size * world_size:
+        keep = saved_batch * saved_world / world_size
+        fix = f"--batch-size {int(keep)}" if keep == int(keep) else f"{saved_world} processes"
+        raise ValueError(f"the checkpoint was trained by {saved_world} process(es) x --batch-size {saved_batch} "
+                         f"({saved_batch * saved_world} windows per micro-batch); {world_size} x {batch_size} would "
+                         f"draw other windows: resume with {fix} to keep them")
 
 
 def refuse_fresh_start(run_dir: Path) -> None:

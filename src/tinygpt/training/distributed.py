@@ -36,6 +36,17 @@ class DistContext:
         return self.world_size > 1 or dist.is_initialized()
 
 
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun in every worker: 0, then 1, 2, ... per restart
+
+
+def restart_count() -> int:
+    """How many times torchrun (``--max-restarts N``) has restarted this job's workers; 0 outside torchrun."""
+    try:
+        return int(os.environ.get(RESTART_ENV, "0"))
+    except ValueError:
+        return 0
+
+
 def init_distributed(device: str | None = None) -> DistContext:
     """Join the torchrun process group when launched by torchrun; otherwise a single-process context."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -49,7 +60,19 @@ def init_distributed(device: str | None = None) -> DistContext:
     owns_group = not dist.is_initialized()
     if owns_group:
         backend = "nccl" if resolved.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=resolved if resolved.type == "cuda" else None)
+        device_id = resolved if resolved.type == "cuda" else None
+        attempt = restart_count()
+        if attempt == 0:
+            dist.init_process_group(backend=backend, device_id=device_id)
+        else:
+            # torchrun keeps its store across restarts, and the group's keys (each rank's address) of the attempt
+            # before are still in it: a restarted rank could read a dead worker's address and fail to connect.
+            # Each attempt gets its own key space.
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, world = next(rendezvous("env://"))
+            dist.init_process_group(backend=backend, device_id=device_id, rank=rank, world_size=world,
+                                    store=dist.PrefixStore(f"tinygpt-attempt-{attempt}", store))
     return DistContext(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=resolved,
                        owns_group=owns_group)
 

@@ -4,7 +4,8 @@ A stage (``training.stage``) says how it makes its batches, its loss and its met
 distributed setup, seeding, the optimizer and its warmup + cosine schedule, gradient accumulation and clipping,
 evaluation and samples, ``metrics.jsonl`` / ``loss.png`` / TensorBoard, checkpoints, the stop on a signal, and resume.
 
-One resume path: ``--resume`` names a checkpoint (``checkpointing.resolve_resume``); its training state is read and
+One resume path: ``--resume`` names a checkpoint (``checkpointing.resolve_resume``; after a torchrun restart,
+``--max-restarts``, no ``--resume`` means ``auto``: the newest complete one); its training state is read and
 checked (``checkpointing.load_training_state``: the stage's name, the step); the stage sets up and builds its model;
 the checkpoint's weights are loaded into it (``checkpointing.load_weights``: its config and tokenizer must match);
 then the optimizer state, the stage's own state, the RNG states and the step. Everything that decides the numbers is
@@ -31,8 +32,8 @@ from ..fileio import RUN, atomic_write_text, check_save_target
 from ..model import GPTModel
 from . import distributed as dist_utils
 from .checkpointing import (capture_rng_state, last_good_checkpoint, load_training_state, load_weights,
-                            prune_checkpoints, refuse_finished, refuse_fresh_start, remove_partial_checkpoints,
-                            resolve_resume, restore_rng_state, save_checkpoint)
+                            prune_checkpoints, refuse_finished, refuse_fresh_start, refuse_other_global_batch,
+                            remove_partial_checkpoints, resolve_resume, restore_rng_state, save_checkpoint)
 from .lifecycle import Diverged, Interrupted, StopRequests
 from .memory import checkpoint_blocks
 from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog
@@ -128,8 +129,13 @@ class _Loop:
         if self.main:  # before any work: the run folder is writable, has room, and is not something else's folder
             check_save_target(self.run_dir, RUN, overwrite=o.force, inputs=stage.inputs)
             remove_partial_checkpoints(self.run_dir)
-        resume_from = resolve_resume(o.resume, self.run_dir)
+        resume = o.resume
+        if resume is None and dist_utils.restart_count() > 0:
+            resume = "auto"  # torchrun restarted the workers (--max-restarts): go on from the newest checkpoint
+        resume_from = resolve_resume(resume, self.run_dir)
         state = None if resume_from is None else load_training_state(resume_from, stage.name)
+        if state is not None:
+            refuse_other_global_batch(state, getattr(o, "batch_size", None), ctx.world_size)
         dist_utils.check_same_on_every_rank(-1 if state is None else int(state["step"]), ctx, lambda seen: (
             f"the ranks resume from different steps ({seen}; -1 = a fresh start): every node must see the same "
             f"run folder (--out on a shared file system) or the same --resume checkpoint"))
@@ -156,7 +162,9 @@ class _Loop:
             restore_rng_state(state["rng"])
             self.step = int(state["step"])
             self.best_step, self.best_val = state.get("best_step"), state.get("best_val_loss")
-            self.log(f"resumed from {resume_from} at step {self.step}")
+            restarted = dist_utils.restart_count()
+            self.log(f"resumed from {resume_from} at step {self.step}"
+                     f"{f' (torchrun restart {restarted})' if restarted and o.resume is None else ''}")
         refuse_finished(self.step, self.max_steps)
         self.resumed = resume_from is not None
 
@@ -216,6 +224,8 @@ class _Loop:
             state = {
                 "stage": self.stage.name,
                 "step": self.step,
+                "world_size": self.ctx.world_size,  # a resume under another one is refused unless the global
+                # batch is the same (checkpointing.refuse_other_global_batch)
                 "optimizer": optim_state,
                 "rng": capture_rng_state(),
                 "best_step": self.best_step,

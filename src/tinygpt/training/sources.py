@@ -163,13 +163,23 @@ def _record_text(value: Any, where: str, field: str, present: bool) -> str:
     return value
 
 
-def iter_jsonl(path: Path, field: str, on_bytes: Callable[[bytes], None] | None = None) -> Iterator[str]:
-    """The ``field`` of each JSON object of a JSON Lines file, line by line."""
+MAX_RECORD_BYTES = 1 << 24  # one JSON Lines record (a book is ~1 MB); parsing one takes ~25x its size in memory
+
+
+def iter_jsonl(path: Path, field: str, on_bytes: Callable[[bytes], None] | None = None, *,
+               max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[str]:
+    """The ``field`` of each JSON object of a JSON Lines file, line by line; a line longer than
+    ``max_record_bytes``, nested too deep to parse, or not an object is a ``ValueError`` naming it."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        number = 0
+        while raw := f.readline(max_record_bytes + 1):
+            number += 1
+            where = f"{path}: line {number}"
+            if len(raw) > max_record_bytes and not raw.endswith(b"\n"):
+                raise ValueError(f"{where} is longer than {max_record_bytes} bytes, the most one record may have "
+                                 f"(split the document, or store it as a text file)")
             if on_bytes is not None:
                 on_bytes(raw)
-            where = f"{path}: line {number}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -181,6 +191,9 @@ def iter_jsonl(path: Path, field: str, on_bytes: Callable[[bytes], None] | None 
             except json.JSONDecodeError as err:
                 raise ValueError(f"{where} is not valid JSON ({err.msg} at column {err.colno}); a JSON Lines file "
                                  f"holds one object per line") from None
+            except RecursionError:
+                raise ValueError(f"{where} is nested too deeply to parse; a record is an object with a {field!r} "
+                                 f"field") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where} is a JSON {type(record).__name__}, not an object with a {field!r} field")
             yield _record_text(record.get(field), where, field, field in record)
@@ -235,12 +248,28 @@ def _hf_arrow_files(path: Path, split: str | None) -> list[Path]:
     """The Arrow files of a saved ``Dataset`` (``state.json``'s ``_data_files``) or of one split of a saved
     ``DatasetDict`` (``split=None``: every split, for sizes)."""
     if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
+        splits = _json_object(path / "dataset_dict.json").get("splits", [])
+        if not isinstance(splits, list) or not all(isinstance(s, str) and s for s in splits):
+            raise ValueError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of split names")
         if split is not None and split not in splits:
             raise ValueError(f"{path}: no split {split!r} (splits: {', '.join(splits)}); choose one with --split")
         return [f for s in (splits if split is None else [split]) for f in _hf_arrow_files(path / s, None)]
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    return [path / entry["filename"] for entry in state.get("_data_files", [])]
+    files = _json_object(path / "state.json").get("_data_files", [])
+    if not isinstance(files, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                              for e in files):
+        raise ValueError(f"{path / 'state.json'}: '_data_files' must be a list of {{\"filename\": ...}} objects")
+    return [path / entry["filename"] for entry in files]
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A saved dataset's small JSON file as an object; anything else is a ``ValueError`` naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not a readable JSON file ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a JSON object, got a JSON {type(data).__name__}")
+    return data
 
 
 def iter_hf_dataset(path: Path, field: str, split: str = "train", on_rows: Callable[[int], None] | None = None
