@@ -5,6 +5,8 @@
     python -m benchmarks.ab onednn [--shapes 1x128,1x1024,8x256]
     python -m benchmarks.ab linear [--repeats 7]
     python -m benchmarks.ab train [--repeats 7]
+    python -m benchmarks.ab trained [--repeats 7] [--products 1024x768x2304,768x128x512]
+    python -m benchmarks.ab train-gpt2 [--repeats 3] [--layers 4] [--shapes 2x512]
     python -m benchmarks.ab refactor --before DIR [--after DIR] [--rounds 5] [--repeats 5] [--quick]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
@@ -19,6 +21,13 @@ with ``F.linear``, B with ``tinygpt.fast.linear``,
 next to a plain sum over the same weights (the rate of just reading them); then a cached greedy decode (16-token
 prompt, 64 new tokens) runs with oneDNN switched off (A) and on (B), the tokens compared. ``train`` times the training benchmark's step (``benchmarks.train_step``: 4 layers, 256 wide, 8 x 256
 tokens, AdamW) with oneDNN off (A) and on (B: the head's logits in ``head_loss`` on oneDNN), from the same weights.
+``trained`` times one trained linear's forward + backward (dL/dx, dL/dW, dL/db)
+per product shape ROWSxINxOUT: A autograd's route for ``F.linear`` (BLAS), B ``fast.onednn``'s ``_TrainedLinear``
+(all three products on oneDNN), with the gradients compared; its last column says which the rule
+(``fast.onednn.TRAINED_MIN_MACS``) picks. ``train-gpt2`` times one AdamW training step (forward, fused loss,
+backward, step) at gpt2-small's shapes (D = 768, 12 heads, V = 50257, biased QKV, tied head; ``--layers`` of its 12
+blocks, B x T tokens from ``--shapes``): A with the trained-weight route switched off (``disabled("train")``: the code
+before it), B as it is now, and Hugging Face's ``GPT2LMHeadModel`` from the same weights, interleaved.
 ``refactor`` is different: it times two checkouts against each other in child processes (``benchmarks.ab_refactor``).
 """
 
@@ -132,6 +141,90 @@ def run_train(repeats: int) -> dict[str, Any]:
     return {"experiment": "train", "repeats": repeats, "rows": rows}
 
 
+# gpt2-small's four block products at 1,024 rows, then nanoGPT's shakespeare-char CPU recipe's (12 x 64 rows, D=128)
+TRAINED_PRODUCTS = "1024x768x2304,1024x768x768,1024x768x3072,1024x3072x768,768x128x384,768x128x128,768x128x512,768x512x128"
+
+
+def parse_products(text: str) -> list[tuple[int, int, int]]:
+    """``"1024x768x2304,..."`` -> [(rows, in, out), ...]."""
+    try:
+        products = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        products = []
+    if not products or any(len(p) != 3 or min(p) < 1 for p in products):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ROWSxINxOUT, e.g. 1024x768x2304")
+    return products  # type: ignore[return-value]
+
+
+def run_trained(repeats: int, products: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """Forward + backward of one trained linear, F.linear's autograd (A) against ``_TrainedLinear`` on oneDNN (B)."""
+    from tinygpt.fast import onednn
+
+    if not onednn.available():
+        raise SystemExit("this torch has no oneDNN linear kernel: nothing to compare")
+    rows = []
+    for n, d_in, d_out in products:
+        generator = torch.Generator().manual_seed(6)
+        x = torch.randn(n, d_in, generator=generator).requires_grad_()
+        weight = (torch.randn(d_out, d_in, generator=generator) * 0.02).requires_grad_()
+        bias = torch.zeros(d_out).requires_grad_()
+        grad_out = torch.randn(n, d_out, generator=generator)
+        grads = {}
+
+        def step(name: str, forward: Callable[[], torch.Tensor]) -> Callable[[], None]:
+            def call() -> None:
+                x.grad = weight.grad = bias.grad = None
+                forward().backward(grad_out)
+                grads[name] = (x.grad, weight.grad, bias.grad)
+
+            return call
+
+        stats = time_interleaved({
+            "A (F.linear)": step("A", lambda: F.linear(x, weight, bias)),
+            "B (oneDNN)": step("B", lambda: onednn._TrainedLinear.apply(x, weight, bias, onednn.onednn_linear)),
+        }, warmup=1, repeats=repeats)
+        diff = max(float((a - b).abs().max()) for a, b in zip(grads["A"], grads["B"]))
+        taken = n * d_in * d_out >= onednn.TRAINED_MIN_MACS
+        for name, st in stats.items():
+            rows.append({"case": f"{n}x{d_in}x{d_out}", "variant": name, **st, "time_ms": spread(st),
+                         "speedup": stats["A (F.linear)"]["median_s"] / st["median_s"],
+                         "min_speedup": stats["A (F.linear)"]["min_s"] / st["min_s"],
+                         "max_abs_diff": f"grads within {diff:.1e}", "rule": "oneDNN" if taken else "F.linear"})
+    return {"experiment": "trained", "repeats": repeats, "rows": rows}
+
+
+def run_train_gpt2(repeats: int, layers: int, shape: tuple[int, int]) -> dict[str, Any]:
+    """One training step at gpt2-small's shapes: before the trained-weight route (A), now (B), Hugging Face."""
+    from .models import available, build_hf
+
+    config = gpt2_small().replace(n_layers=layers, context_length=max(shape[1], 1))
+    batch, tokens = shape
+    generator = torch.Generator().manual_seed(3)
+    data = torch.randint(0, config.vocab_size, (batch, tokens + 1), generator=generator)
+    idx, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    torch.manual_seed(0)
+    models = {"A": GPTModel(config), "B": GPTModel(config)}
+    models["B"].load_state_dict(models["A"].state_dict())
+    steps = {"A (before: F.linear)": make_step(models["A"], idx, targets),
+             "B (now: oneDNN route)": make_step(models["B"], idx, targets)}
+    if available("hf"):
+        steps["Hugging Face GPT2LMHeadModel"] = make_step(build_hf(config, models["A"]), idx, targets)
+    before = steps["A (before: F.linear)"]
+
+    def a() -> float:
+        with fast.disabled("train"):
+            return before()
+
+    timed = {**steps, "A (before: F.linear)": a}
+    losses = {name: fn() for name, fn in timed.items()}  # also the warm-up step
+    stats = time_interleaved(timed, warmup=0, repeats=repeats)
+    base = stats["A (before: F.linear)"]["median_s"]
+    rows = [{"case": f"train step {batch}x{tokens}, {layers} gpt2-small blocks", "variant": name, **st,
+             "time_ms": spread(st), "speedup": base / st["median_s"], "rate": f"{batch * tokens / st['median_s']:.0f} tok/s",
+             "max_abs_diff": f"first loss {losses[name]:.5f}"} for name, st in stats.items()]
+    return {"experiment": "train-gpt2", "repeats": repeats, "rows": rows}
+
+
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
@@ -155,9 +248,13 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train", "refactor"])
-    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x128,1x1024,8x256"),
-                        help="comma-separated BxT (default: 1x128,1x1024,8x256)")
+    parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train", "trained",
+                                                         "train-gpt2", "refactor"])
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help="comma-separated BxT (default: 1x128,1x1024,8x256; train-gpt2: 2x512)")
+    parser.add_argument("--layers", type=int, default=4, help="train-gpt2: gpt2-small blocks (default: 4)")
+    parser.add_argument("--products", type=parse_products, default=parse_products(TRAINED_PRODUCTS),
+                        help="trained: comma-separated ROWSxINxOUT (default: gpt2-small's and shakespeare-char's)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; refactor: 5 per child)")
     parser.add_argument("--before", metavar="DIR", help="refactor: the checkout before the change")
     parser.add_argument("--after", metavar="DIR", default=str(Path(__file__).resolve().parents[1]),
@@ -171,17 +268,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.before:
             parser.error("refactor needs --before DIR (a checkout of tinygpt before the change)")
         return run_and_report(parser, lambda: ab_refactor.run(
-            args.before, args.after, shapes, rounds=args.rounds, repeats=args.repeats or 5, quick=args.quick),
+            args.before, args.after, shapes or parse_shapes("1x128,1x1024,8x256"), rounds=args.rounds, repeats=args.repeats or 5, quick=args.quick),
             ab_refactor.table, args.json, failed=lambda result: not all(r["identical"] for r in result["rows"]))
     args.repeats = args.repeats or 7
     pin_threads()
+    if args.experiment == "trained":
+        result = run_trained(args.repeats, args.products)
+        print(format_table(result["rows"], [("case", "rows x in x out"), ("variant", "variant"),
+                                            ("time_ms", "ms median [min-max]"), ("speedup", "speedup vs A"),
+                                            ("min_speedup", "speedup of the minima"), ("max_abs_diff", "|A-B|"),
+                                            ("rule", "the rule takes")]))
+        return 0
+    if args.experiment == "train-gpt2":
+        result = run_train_gpt2(args.repeats, args.layers, shapes[0] if shapes else (2, 512))
+        print(format_table(result["rows"], [("case", "case"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
+                                            ("rate", "rate"), ("speedup", "speedup vs A"),
+                                            ("max_abs_diff", "loss")]))
+        return 0
     if args.experiment in ("linear", "train"):
         result = (run_linear if args.experiment == "linear" else run_train)(args.repeats)
         columns = [("case", "case"), ("variant", "variant"), ("time_ms", "ms median [min-max]"), ("rate", "rate"),
                    ("speedup", "speedup vs A"), ("max_abs_diff", "max |diff| A-B")]
         print(format_table(result["rows"], columns))
         return 0
-    result = run(args.experiment, shapes, args.repeats)
+    result = run(args.experiment, shapes or parse_shapes("1x128,1x1024,8x256"), args.repeats)
     print(format_table(result["rows"], [("shape", "B x T"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
                                         ("speedup", "speedup vs A"), ("max_abs_logit_diff", "max |dlogit| A-B")]))
     return 0

@@ -36,13 +36,30 @@ from typing import Any, Sequence
 
 import torch
 
-from benchmarks.common import format_table, run_and_report, time_interleaved
+from benchmarks.common import format_table, run_and_report, shared_data_dir, time_interleaved
 from benchmarks.weights import SHAPES, agreement
 from tinygpt import GPTModel, generate
 from tinygpt.fast.weights import convert_weights
+from tinygpt.checkpoint import load_checkpoint_tokenizer
 from tinygpt.interop.gguf import write_gguf
+from tinygpt.tokenizer import CharTokenizer, Tokenizer, gpt2_tokenizer
 
 PAIRS = {"f32": "float32", "f16": "bfloat16", "q8_0": "int8"}
+
+
+def tokenizer_for(model: GPTModel, source: str | None) -> Tokenizer:
+    """The tokenizer the GGUF carries (llama.cpp refuses a file without one): the checkpoint's own with --model;
+    for random weights, GPT-2's (from the offline copy beside the checkout, else tiktoken's cache) at V = 50,257,
+    else a character vocabulary of V printable characters."""
+    if source is not None:
+        tokenizer = load_checkpoint_tokenizer(source)
+        if tokenizer is None:
+            raise ValueError(f"--model {source} has no tokenizer: llama.cpp needs one in the GGUF")
+        return tokenizer
+    v = model.config.vocab_size
+    if v == 50257:
+        return gpt2_tokenizer(shared_data_dir() / "gpt2" if (shared_data_dir() / "gpt2").is_dir() else None)
+    return CharTokenizer(chr(0x21 + i) if 0x21 + i < 0x7F else chr(0xA1 + i) for i in range(v))
 
 
 def llama_bench(binary: Path, gguf: Path, *, threads: int, prompt: int, decode: int) -> dict[str, float]:
@@ -90,8 +107,8 @@ def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, 
         server.wait(timeout=30)
 
 
-def run(binary: Path, model: GPTModel, *, threads: int, prompt: int, decode: int, repeats: int,
-        types: list[str]) -> dict[str, Any]:
+def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, prompt: int, decode: int,
+        repeats: int, types: list[str]) -> dict[str, Any]:
     torch.set_num_threads(threads)
     model.eval()
     v, c = model.config.vocab_size, model.config.context_length
@@ -103,7 +120,7 @@ def run(binary: Path, model: GPTModel, *, threads: int, prompt: int, decode: int
     with tempfile.TemporaryDirectory() as tmp:
         for kind in types:
             gguf = Path(tmp) / f"model-{kind}.gguf"
-            write_gguf(model, gguf, type=kind)
+            write_gguf(model, gguf, tokenizer, type=kind)
             ours = copy.deepcopy(model)
             convert_weights(ours, PAIRS[kind])
             theirs: list[dict[str, float]] = []
@@ -165,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             torch.manual_seed(0)
             model = GPTModel(SHAPES[args.shape])
-        return run(binary, model, threads=args.threads, prompt=args.prompt, decode=args.decode,
+        return run(binary, model, tokenizer_for(model, args.model), threads=args.threads, prompt=args.prompt, decode=args.decode,
                    repeats=args.repeats, types=types)
 
     return run_and_report(parser, compute, table, args.json)

@@ -2,7 +2,8 @@
 and -- given a copy of nanoGPT -- nanoGPT's own ``train.py`` on the same recipe in the same sitting.
 
     python -m benchmarks.shakespeare_char [--steps 2000] [--data PATH] [--out DIR] [--json PATH] [--threads N]
-                                          [--nanogpt DIR [--repeat K]]
+                                          [--optimizer adamw|muon] [--muon-lr LR] [--block gpt2|modern]
+                                          [--eval-every N] [--nanogpt DIR [--repeat K]]
 
 The setting is nanoGPT's CPU example for ``shakespeare_char``: 4 layers, 4 heads, D=128, C=64, batch 12, 2000 steps,
 lr 1e-3 (warmup 100, cosine to 1e-4), AdamW beta2 0.99, weight decay 0.1, clip 1.0, dropout 0, the first 90% of the
@@ -19,13 +20,19 @@ into a temporary folder first, so the checkout given is never written to. ``--re
 alternating (tinygpt first, then nanoGPT first, ...), so a slow spell of a shared machine hits both alike. Reported
 per program: wall seconds, the median step's tokens/s, and the seconds spent outside the optimizer steps (startup,
 data, evaluation, samples, plots, checkpoints: wall minus the steps' own time), which a loaded machine disturbs far
-less than the wall time; and the ratios tinygpt / nanoGPT.
+less than the wall time; and the ratios tinygpt / nanoGPT. Both also report the time to the target: the first
+evaluation at or below nanoGPT's 1.88, its step, and the seconds of the steps up to it (``--eval-every`` sets both
+programs' evaluation interval, and so the resolution of that figure).
+
+``--optimizer muon`` (``--muon-lr``) and ``--block modern`` (``config.MODERN_BLOCK``'s switches) change tinygpt's
+side only: nanoGPT keeps its recipe, and the time to 1.88 is then the comparison that counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -40,6 +47,7 @@ from typing import Any
 import torch
 
 from tinygpt import GPTConfig
+from tinygpt.config import MODERN_BLOCK
 from tinygpt.training import TrainingOptions, train
 
 from .common import shared_data_dir, write_json_atomic
@@ -71,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
                         help="a nanoGPT checkout: time its train.py on the same recipe, side by side")
     parser.add_argument("--repeat", type=int, default=1, help="with --nanogpt: pairs of runs (default: 1)")
+    parser.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw", help="tinygpt's optimizer")
+    parser.add_argument("--muon-lr", type=float, default=0.02, help="tinygpt's Muon rate (default: 0.02)")
+    parser.add_argument("--block", choices=("gpt2", "modern"), default="gpt2",
+                        help="tinygpt's block: gpt2 (the recipe's) or modern (config.MODERN_BLOCK)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="evaluation interval of both (default: the recipe's 250)")
     args = parser.parse_args(argv)
     if not args.data.is_file():
         parser.error(f"{args.data} not found; pass --data PATH to tinyshakespeare.txt")
@@ -91,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.threads:
             torch.set_num_threads(args.threads)
-        figures = run_tinygpt(args.data, args.steps, args.out)
+        figures = run_tinygpt(args.data, args.steps, args.out, optimizer=args.optimizer, muon_lr=args.muon_lr,
+                              block=args.block, eval_every=args.eval_every or 250)
         print(tinygpt_table(figures))
     write_json_atomic(args.json, figures)
     print(f"wrote {args.json}", file=sys.stderr)
@@ -99,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ tinygpt
-def run_tinygpt(data: Path, steps: int, out: Path | None) -> dict[str, Any]:
+def run_tinygpt(data: Path, steps: int, out: Path | None, *, optimizer: str = "adamw", muon_lr: float = 0.02,
+                block: str = "gpt2", eval_every: int = 250) -> dict[str, Any]:
     """Train the recipe in this process; the figures of ``tinygpt_table``."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = out or Path(tmp) / "run"
@@ -107,11 +123,11 @@ def run_tinygpt(data: Path, steps: int, out: Path | None) -> dict[str, Any]:
         # never-seen rows, so the char tokenizer's own size is used (resolve_config checks it).
         chars = len(set(data.read_text(encoding="utf-8")))
         config = GPTConfig(vocab_size=chars, context_length=CONTEXT, emb_dim=128, n_heads=4, n_layers=4,
-                           drop_rate=0.0)
+                           drop_rate=0.0, **(MODERN_BLOCK if block == "modern" else {}))
         options = TrainingOptions(
             data=[str(data)], tokenizer="char", config=config, out_dir=str(run_dir), max_steps=steps,
             batch_size=BATCH_SIZE, lr=1e-3, min_lr=1e-4, warmup_steps=100, beta2=0.99, weight_decay=0.1,
-            grad_clip=1.0, eval_every=250, eval_iters=20, sample_tokens=200, sample_prompt="\n", device="cpu",
+            grad_clip=1.0, eval_every=eval_every, eval_iters=20, optimizer=optimizer, muon_lr=muon_lr, sample_tokens=200, sample_prompt="\n", device="cpu",
             seed=1337, keep_last=1,
         )
         start = time.perf_counter()
@@ -121,7 +137,11 @@ def run_tinygpt(data: Path, steps: int, out: Path | None) -> dict[str, Any]:
 
     # Steady-state speed: the median over steps after the warm-up; step_seconds leaves eval/checkpoint time out.
     step_seconds = [r["step_seconds"] for r in records]
+    reached = [r["step"] for r in records if r.get("val_loss", math.inf) <= REFERENCE_VAL_LOSS]
     return {
+        "steps_to_target": reached[0] if reached else None,
+        "seconds_to_target": sum(step_seconds[: reached[0]]) if reached else None,
+        "optimizer": optimizer, "block": block,
         "steps": result.step,
         "val_loss": result.val_loss,
         "train_loss": result.train_loss,
@@ -153,6 +173,8 @@ def tinygpt_table(f: dict[str, Any]) -> str:
         ("unigram baseline", f"{f['unigram_entropy']:.4f}"),
         ("tokens/s (median step)", f"{f['tokens_per_second_median']:,.0f}"),
         ("wall time", f"{f['wall_seconds']:.1f} s on {f['threads']} thread(s)"),
+        ("to val <= 1.88", "not reached" if f["steps_to_target"] is None else
+         f"step {f['steps_to_target']}, {f['seconds_to_target']:.1f} s of steps"),
         ("outside the steps", f"{f['seconds_outside_steps']:.1f} s (setup, eval, samples, plots, checkpoints)"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -184,8 +206,13 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     summary = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
     for name in summary:
         summary[name]["val_loss"] = statistics.median(r["val_loss"] for r in runs[name])
+        reached = [r["seconds_to_target"] for r in runs[name] if r["seconds_to_target"] is not None]
+        summary[name]["seconds_to_target"] = statistics.median(reached) if len(reached) == len(runs[name]) else None
     # Ratios per pair (the two runs of a pair share the machine's mood), then their median.
     ratios = {k: statistics.median(t[k] / n[k] for t, n in zip(runs["tinygpt"], runs["nanogpt"])) for k in keys}
+    if summary["tinygpt"]["seconds_to_target"] is not None and summary["nanogpt"]["seconds_to_target"] is not None:
+        ratios["seconds_to_target"] = statistics.median(
+            t["seconds_to_target"] / n["seconds_to_target"] for t, n in zip(runs["tinygpt"], runs["nanogpt"]))
     return {"steps": args.steps, "repeat": args.repeat, "threads": args.threads, "torch": torch.__version__,
             "median": summary, "ratio_tinygpt_over_nanogpt": ratios, "runs": runs}
 
@@ -197,6 +224,9 @@ def _tinygpt_process(args: argparse.Namespace, work: Path, env: dict[str, str]) 
                "--steps", str(args.steps), "--out", str(work / "run"), "--json", str(work / "figures.json")]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    command += ["--optimizer", args.optimizer, "--muon-lr", str(args.muon_lr), "--block", args.block]
+    if args.eval_every:
+        command += ["--eval-every", str(args.eval_every)]
     root = Path(__file__).resolve().parents[1]
     child_env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(root / "src"), str(root),
                                                                   env.get("PYTHONPATH", "")) if p))
@@ -207,7 +237,8 @@ def _tinygpt_process(args: argparse.Namespace, work: Path, env: dict[str, str]) 
     return {"wall_seconds": wall, "step_seconds_total": inner["step_seconds_total"],
             "seconds_outside_steps": wall - inner["step_seconds_total"],
             "tokens_per_second_median": inner["tokens_per_second_median"], "val_loss": inner["val_loss"],
-            "steps": inner["steps"]}
+            "steps": inner["steps"], "steps_to_target": inner["steps_to_target"],
+            "seconds_to_target": inner["seconds_to_target"]}
 
 
 def _nanogpt_process(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -218,7 +249,8 @@ def _nanogpt_process(args: argparse.Namespace, work: Path, env: dict[str, str]) 
     data_dir = work / "data" / "shakespeare_char"
     shutil.copyfile(args.data, data_dir / "input.txt")  # prepare.py downloads the text only when this is missing
     train_args = ["config/train_shakespeare_char.py", *NANOGPT_CPU_OVERRIDES, f"--max_iters={args.steps}",
-                  f"--lr_decay_iters={args.steps}", "--out_dir=out"]
+                  f"--lr_decay_iters={args.steps}", "--out_dir=out",
+                  *([f"--eval_interval={args.eval_every}"] if args.eval_every else [])]
     start = time.perf_counter()
     _run([sys.executable, "prepare.py"], cwd=data_dir, env=env, log=work / "prepare-log.txt")
     output = _run([sys.executable, "train.py", *train_args], cwd=work, env=env, log=work / "log.txt")
@@ -239,7 +271,12 @@ def nanogpt_figures(output: str, wall: float) -> dict[str, Any]:
     plain = [t for step, t in sorted(times.items()) if step not in eval_steps]
     median = statistics.median(_steady(plain) or list(times.values()))
     in_steps = sum(plain) + median * (len(times) - len(plain))
-    return {"wall_seconds": wall, "step_seconds_total": in_steps, "seconds_outside_steps": wall - in_steps,
+    reached = [step for step, _, val in evals if val <= REFERENCE_VAL_LOSS]
+    # iteration N's line comes after step N's evaluation; the steps up to N are iterations 0 .. N - 1
+    to_target = (sum(median if s in eval_steps else t for s, t in times.items() if s < reached[0])
+                 if reached else None)
+    return {"steps_to_target": reached[0] if reached else None, "seconds_to_target": to_target,
+            "wall_seconds": wall, "step_seconds_total": in_steps, "seconds_outside_steps": wall - in_steps,
             "tokens_per_second_median": BATCH_SIZE * CONTEXT / median, "val_loss": evals[-1][2],
             "steps": len(times)}
 
@@ -262,7 +299,10 @@ def side_by_side_table(f: dict[str, Any]) -> str:
              f"{r['seconds_outside_steps']:.3f}"),
             ("tokens/s (median step)", f"{t['tokens_per_second_median']:,.0f}",
              f"{n['tokens_per_second_median']:,.0f}", f"{r['tokens_per_second_median']:.3f}"),
-            ("val loss (last eval)", f"{t['val_loss']:.4f}", f"{n['val_loss']:.4f}", "")]
+            ("val loss (last eval)", f"{t['val_loss']:.4f}", f"{n['val_loss']:.4f}", ""),
+            ("seconds of steps to val <= 1.88", *(("not reached" if x["seconds_to_target"] is None else
+                                                  f"{x['seconds_to_target']:.1f}") for x in (t, n)),
+             f"{r['seconds_to_target']:.3f}" if "seconds_to_target" in r else "")]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]

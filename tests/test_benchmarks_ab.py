@@ -24,3 +24,17 @@ def test_refactor_case_refuses_a_folder_that_is_no_checkout(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab.main(["refactor"])
     assert "refactor needs --before DIR" in capsys.readouterr().err
+
+
+def test_trained_case_times_both_routes_and_compares_their_gradients():
+    from benchmarks.ab import parse_products, run_trained
+    from tinygpt.fast import onednn
+
+    if not onednn.available():
+        pytest.skip("this torch has no oneDNN linear")
+    result = run_trained(1, parse_products("8x16x24"))
+    assert [r["variant"] for r in result["rows"]] == ["A (F.linear)", "B (oneDNN)"]
+    assert all(r["rule"] == "F.linear" and r["max_abs_diff"].startswith("grads within") for r in result["rows"])
+    assert float(result["rows"][0]["max_abs_diff"].split()[-1]) < 1e-4
+    with pytest.raises(Exception, match="ROWSxINxOUT"):
+        parse_products("8x16")

@@ -99,3 +99,28 @@ def test_nanogpt_option_refuses_a_folder_that_is_not_a_checkout(tmp_path, traini
         shakespeare_char.main(["--data", str(training_text_file), "--nanogpt", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "not a nanoGPT checkout (missing model.py" in capsys.readouterr().err
+
+
+def test_the_time_to_nanogpts_loss_counts_the_steps_before_the_first_eval_at_or_below_it():
+    lines = []
+    for it in range(9):
+        if it % 4 == 0:
+            lines.append(f"step {it}: train loss 2.0, val loss {2.2 - 0.1 * it:.4f}")  # 2.2, 1.8 (step 4), 1.4
+        lines.append(f"iter {it}: loss 2.0, time {500 if it % 4 == 0 else 100:.2f}ms, mfu -100.00%")
+    figures = shakespeare_char.nanogpt_figures("\n".join(lines), wall=5.0)
+    # iterations 0..3 come before step 4's eval; iteration 0's line holds an eval, so it counts at the median
+    assert figures["steps_to_target"] == 4 and figures["seconds_to_target"] == pytest.approx(4 * 0.1)
+    assert shakespeare_char.nanogpt_figures(lines[0] + "\n" + lines[1], wall=1.0)["seconds_to_target"] is None
+
+
+def test_tinygpt_side_reports_its_time_to_the_target_with_muon_and_the_modern_block(tmp_path, training_text_file):
+    threads = torch.get_num_threads()
+    try:
+        assert shakespeare_char.main(["--data", str(training_text_file), "--steps", "3", "--threads", "1",
+                                      "--optimizer", "muon", "--block", "modern", "--eval-every", "1",
+                                      "--json", str(tmp_path / "out.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    figures = json.loads((tmp_path / "out.json").read_text())
+    assert figures["config"]["qk_norm"] is True and figures["optimizer"] == "muon"
+    assert figures["steps_to_target"] is None and figures["seconds_to_target"] is None  # 3 steps: not reached

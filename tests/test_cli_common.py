@@ -20,7 +20,9 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("command,cls_path,defaults", [
     ("train", "tinygpt.training.options.TrainingOptions", {}),
-    ("sft", "tinygpt.alignment.options.FinetuneOptions", {"out_dir": "runs/sft", "lr": 5e-5, "batch_size": 8}),
+    # sft's learning rate and epochs are None on the command line: chosen from the model's size when not given
+    ("sft", "tinygpt.alignment.options.FinetuneOptions", {"out_dir": "runs/sft", "lr": None, "epochs": None,
+                                                          "batch_size": 8}),
     ("ppo", "tinygpt.alignment.ppo.PPOConfig", {}),
 ])
 def test_every_field_with_help_is_a_flag_and_the_defaults_round_trip(command, cls_path, defaults):

@@ -143,3 +143,102 @@ def test_onednn_kernel_is_used_only_where_it_checks_out(monkeypatch):
     for kernel, usable in ((wrong, False), (raises, False), (right, True)):
         monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", kernel)
         assert (onednn._find_onednn_linear() is kernel) == usable
+
+
+def _plain_grads(x, weight, bias, grad_out):
+    """(dL/dx, dL/dW, dL/db) of autograd's own route for F.linear."""
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in (x, weight, bias) if t is not None]
+    x_p, w_p, b_p = leaves[0], leaves[1], leaves[2] if bias is not None else None
+    torch.nn.functional.linear(x_p, w_p, b_p).backward(grad_out)
+    return x_p.grad, w_p.grad, None if b_p is None else b_p.grad
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_trained_route_formulas_equal_autograd_in_float64(with_bias):
+    # _TrainedLinear's three products, with F.linear as the product: the formulas alone, in float64 (1e-10).
+    torch.manual_seed(2)
+    x = torch.randn(3, 7, 24, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, 24, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(40, dtype=torch.float64, requires_grad=True) if with_bias else None
+    grad_out = torch.randn(3, 7, 40, dtype=torch.float64)
+    y = onednn._TrainedLinear.apply(x, weight, bias, torch.nn.functional.linear)
+    y.backward(grad_out)
+    expected = _plain_grads(x, weight, bias, grad_out)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, bias), rtol=0, atol=1e-10)
+    for got, want in zip((x.grad, weight.grad, None if bias is None else bias.grad), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.skipif(not onednn.available(), reason="this torch has no oneDNN linear")
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_trained_route_on_the_real_kernel_gives_f_linear_gradients(monkeypatch, with_bias):
+    # float32 on oneDNN itself (the rule's size bound lowered so a small product takes the route): 1e-5.
+    monkeypatch.setattr(onednn, "TRAINED_MIN_MACS", 0)
+    torch.manual_seed(3)
+    for w in (torch.randn(97, 40), torch.randn(40, 97).t()):  # a plain weight and a transposed view
+        weight = w.requires_grad_()
+        bias = torch.randn(97, requires_grad=True) if with_bias else None
+        for x in (torch.randn(3, 7, 40, requires_grad=True), torch.randn(5, 40)):  # the input trains or not
+            grad_out = torch.randn(*x.shape[:-1], 97)
+            y = linear(x, weight, bias)
+            assert type(y.grad_fn).__name__.startswith("_TrainedLinear")
+            y.backward(grad_out)
+            expected = _plain_grads(x, weight, bias, grad_out)
+            got = (x.grad, weight.grad, None if bias is None else bias.grad)
+            for name, g, want in zip(("x", "weight", "bias"), got, expected):
+                if want is None:
+                    assert g is None, name
+                else:
+                    torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"dL/d{name}: {m}")
+            weight.grad = None
+            if bias is not None:
+                bias.grad = None
+
+
+def test_the_trained_route_is_taken_only_above_the_rule_and_when_switched_on(monkeypatch):
+    calls = []
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(tuple(weight.shape))
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(onednn, "KERNEL", spy)
+    module = Linear(16, 30)
+    x = torch.randn(4, 16, requires_grad=True)
+    module(x).sum().backward()  # 4 * 16 * 30 multiply-adds, below the rule: F.linear
+    assert calls == []
+    monkeypatch.setattr(onednn, "TRAINED_MIN_MACS", 4 * 16 * 30)
+    module(x).sum().backward()  # at the rule: forward, dL/dx (transposed weight), dL/dW ([in, N] as the "weight")
+    assert calls == [(30, 16), (16, 30), (16, 4)]
+    for switch in (fast.disabled("train"), fast.disabled("onednn"), fast.disabled()):
+        with switch:
+            assert type(module(x).grad_fn).__name__ == "AddmmBackward0"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert module(x).dtype == torch.bfloat16
+    assert len(calls) == 3
+
+
+def test_a_model_trained_on_the_route_gets_the_plain_gradients(monkeypatch):
+    # Every linear of a small GPT on the route (the rule lowered to 0): the loss and every parameter's gradient
+    # equal those of the plain model (``fast.disabled()``), float32 1e-5.
+    from tinygpt import GPTModel, get_config
+
+    monkeypatch.setattr(onednn, "TRAINED_MIN_MACS", 0)
+    torch.manual_seed(4)
+    model = GPTModel(get_config("tiny", vocab_size=50, emb_dim=32, n_layers=2))
+    idx = torch.randint(0, 50, (2, 16))
+    targets = torch.randint(0, 50, (2, 16))
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, targets=targets)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss, got = grads()
+    with fast.disabled():
+        loss_plain, want = grads()
+    torch.testing.assert_close(loss, loss_plain, rtol=1e-5, atol=1e-5)
+    assert got.keys() == want.keys()
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")

@@ -25,7 +25,7 @@ def test_disabled_switches_the_named_parts_off_and_restores_them():
 
 
 def test_an_unknown_part_is_refused_naming_the_parts():
-    with pytest.raises(ValueError, match="unknown fast-path part 'cuda'.*'onednn', 'head', 'loss'"):
+    with pytest.raises(ValueError, match="unknown fast-path part 'cuda'.*'onednn', 'train', 'head', 'loss'"):
         with fast.disabled("cuda"):
             pass
 

@@ -276,3 +276,42 @@ def test_the_loop_is_the_textbook_computation(tmp_path, prepared):
         expected.append(float(total / 2))
     assert logged == expected
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), result.model.parameters()))
+
+
+def test_parse_duration_and_the_schedule_over_a_budget():
+    from tinygpt.training.optim import lr_at_fraction
+    from tinygpt.training.options import parse_duration
+
+    assert [parse_duration("t", x) for x in ("90", "90s", "5m", "1.5h", " .5m ")] == [90, 90, 300, 5400, 30]
+    for bad in ("5x", "", "0", "-3m", "m"):
+        with pytest.raises(ValueError, match=r"time_budget=.*positive duration.*5m"):
+            parse_duration("time_budget", bad)
+    kw = dict(lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at_fraction(4, 0.9, **kw) == 0.5  # warmup by steps, whatever the time
+    assert lr_at_fraction(10, 0.0, **kw) == 1.0 and lr_at_fraction(99, 1.0, **kw) == pytest.approx(0.1)
+    assert lr_at_fraction(50, 0.5, **kw) == pytest.approx(0.55) and lr_at_fraction(60, 3.0, **kw) == pytest.approx(0.1)
+
+
+def test_a_time_budget_ends_the_run_schedules_over_it_and_reports_bits_per_byte(tmp_path, prepared):
+    import math
+
+    from tinygpt.training.metrics import tokens_per_byte
+    from tinygpt.training import PreparedCorpus
+
+    result = train(options(tmp_path / "run", prepared, time_budget="1.5s", budget_clock="cpu", max_steps=5,
+                           eval_every=50, warmup_steps=5))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["time_budget_seconds"] == 1.5 and summary["budget_seconds_spent"] >= 1.5
+    assert result.step > 5  # max_steps does not end a budgeted run
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in records]
+    assert max(lrs) == pytest.approx(3e-3) and lrs[-1] < 3e-3 / 2  # up, then down over the budget
+    corpus = PreparedCorpus.open(prepared)
+    per_byte = tokens_per_byte(corpus.load_tokenizer(), corpus.val)
+    assert per_byte == 1.0  # a character tokenizer on ASCII text
+    assert summary["val_bpb"] == pytest.approx(summary["val_loss"] / math.log(2) * per_byte)
+    assert load_model(tmp_path / "run") is not None  # the finished model is exported
+    with pytest.raises(ValueError, match="spent its --time-budget"):
+        train(options(tmp_path / "run", prepared, time_budget="1.5s", budget_clock="cpu", resume="auto"))
+    with pytest.raises(ValueError, match="budget_clock"):
+        train(options(tmp_path / "other", prepared, time_budget="1s", budget_clock="gpu"))

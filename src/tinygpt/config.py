@@ -22,10 +22,10 @@ DEFAULT_SEED = 1337  # the seed of every command, stage and options object that 
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers")
 _DROPOUT_FIELDS = ("drop_rate", "drop_rate_emb", "drop_rate_attn", "drop_rate_shortcut")
-_BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln", "bias")
+_BOOL_FIELDS = ("qkv_bias", "tie_weights", "pre_ln", "bias", "qk_norm", "zero_init_proj")
 _CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
-    "ffn": ("gelu", "relu", "silu", "swiglu"),
+    "ffn": ("gelu", "relu", "relu2", "silu", "swiglu"),
     "pos_emb": ("learned", "rope"),
 }
 
@@ -40,7 +40,8 @@ class GPTConfig:
     Architecture variants (defaults = GPT-2):
 
     - ``norm``: ``layernorm`` (scale and shift) or ``rmsnorm`` (scale only, LLaMA); ``norm_eps`` for both.
-    - ``ffn``: ``gelu`` (tanh GELU) / ``relu`` / ``silu`` with widths D -> F -> D, or ``swiglu`` (LLaMA):
+    - ``ffn``: ``gelu`` (tanh GELU) / ``relu`` / ``relu2`` (ReLU squared, So et al. 2021's Primer; modded-nanogpt
+      and nanochat) / ``silu`` with widths D -> F -> D, or ``swiglu`` (LLaMA):
       down(silu(gate(x)) * up(x)). ``ffn_hidden`` is F; ``None`` means 4D for the non-gated ones and, for SwiGLU,
       the smallest multiple of 8 >= 8D/3: its three F x D matrices then hold about the 8D^2 weights of the 4D
       two-matrix FFN (Shazeer's 2/3 rule, as LLaMA does; LLaMA also rounds, to 256).
@@ -51,6 +52,13 @@ class GPTConfig:
       and k, base ``rope_theta``; no position parameter; needs an even head_dim).
     - ``n_kv_heads``: grouped-query attention, each key/value head shared by n_heads / n_kv_heads query heads;
       ``None`` means n_heads (plain multi-head attention). Must divide n_heads.
+    - ``qk_norm``: each head's query and key RMS-normalised (no parameters, ``norm_eps``) before the scores, which
+      bounds the logits of the softmax (Dehghani et al. 2023; modded-nanogpt, nanochat).
+    - ``zero_init_proj``: the two projections that write into the residual stream (attention ``out_proj``, the
+      FFN's second linear) start at zero instead of N(0, 0.02 / sqrt(2L)): every block starts as the identity.
+
+    The ``modern`` preset (``MODERN_BLOCK``) turns them on together with RMSNorm, RoPE, no biases and an untied
+    head; it takes ReLU^2 for the feed-forward, not SwiGLU (the two fill one slot; nanochat found SwiGLU worse).
     """
 
     vocab_size: int = 50257  # V
@@ -73,6 +81,8 @@ class GPTConfig:
     pos_emb: str = "learned"
     rope_theta: float = 10000.0
     n_kv_heads: int | None = None
+    qk_norm: bool = False
+    zero_init_proj: bool = False
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
@@ -188,6 +198,9 @@ def _check_keys(data: dict[str, Any], what: str) -> None:
 
 
 _GPT2 = dict(vocab_size=50257, context_length=1024)
+# The block of the speedruns (modded-nanogpt, nanochat) as switches of this config; each is off by default.
+MODERN_BLOCK: dict[str, Any] = dict(norm="rmsnorm", pos_emb="rope", ffn="relu2", bias=False, qkv_bias=False,
+                                    tie_weights=False, qk_norm=True, zero_init_proj=True)
 
 # The chapter's small check config and its four GPT-2 sizes (small/medium/large/xl, as in the GPT-2 paper).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -199,6 +212,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The LLaMA recipe at test size: RMSNorm, SwiGLU, no biases, RoPE, 2 query heads per key/value head.
     "llama-tiny": dict(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_kv_heads=2, n_layers=2,
                        drop_rate=0.0, norm="rmsnorm", ffn="swiglu", bias=False, pos_emb="rope"),
+    # gpt2-small's sizes with the modern block (``MODERN_BLOCK``); override the sizes for a small model.
+    "modern": dict(_GPT2, emb_dim=768, n_heads=12, n_layers=12, **MODERN_BLOCK),
 }
 
 

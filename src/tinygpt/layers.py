@@ -113,7 +113,14 @@ class SwiGLU(nn.Module):
         return F.silu(gate) * up
 
 
-_ACTIVATIONS = {"gelu": GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+class ReLUSquared(nn.Module):
+    """relu(x)^2, elementwise (Primer; modded-nanogpt and nanochat's FFN activation). [...] -> [...]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
+_ACTIVATIONS = {"gelu": GELU, "relu": nn.ReLU, "relu2": ReLUSquared, "silu": nn.SiLU}
 
 
 class FeedForward(nn.Module):
@@ -171,6 +178,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.kv_heads
         self.head_dim = config.head_dim
+        self.qk_norm_eps = config.norm_eps if config.qk_norm else None  # QK-norm's epsilon; None = no QK-norm
         d = config.emb_dim
         self.qkv = Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=config.qkv_bias)
         self.out_proj = Linear(d, d, bias=config.bias)
@@ -195,6 +203,8 @@ class MultiHeadAttention(nn.Module):
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
+        if self.qk_norm_eps is not None:  # QK-norm: each head's q and k to unit RMS over hd (no parameters)
+            q, k = (F.rms_norm(t, (self.head_dim,), eps=self.qk_norm_eps) for t in (q, k))
         if rope is not None:  # rotate before k enters a cache: a cached key keeps its position
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         groups = self.n_heads // self.n_kv_heads

@@ -32,7 +32,8 @@ class GPTModel(nn.Module):
 
     Weight init follows GPT-2: every linear and embedding weight ~ N(0, 0.02), biases 0, LayerNorm scale 1 / shift
     0, and the two projections that write into the residual stream (attention ``out_proj`` and the FFN's second
-    linear) ~ N(0, 0.02 / sqrt(2L)), so that the residual sum of 2L branches keeps its scale at init.
+    linear) ~ N(0, 0.02 / sqrt(2L)), so that the residual sum of 2L branches keeps its scale at init (or 0 with
+    ``config.zero_init_proj``).
     With ``tie_weights`` the head and the token embedding are one ``Parameter`` (the chapter's point): not a copy.
     """
 
@@ -76,8 +77,11 @@ class GPTModel(nn.Module):
             if isinstance(module, LayerNorm) and module.shift is not None:
                 nn.init.zeros_(module.shift)
         for block in self.trf_blocks:
-            nn.init.normal_(block.att.out_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.ff.layers[2].weight, mean=0.0, std=residual_std)
+            for projection in (block.att.out_proj.weight, block.ff.layers[2].weight):
+                if self.config.zero_init_proj:  # every block starts as the identity (modded-nanogpt)
+                    nn.init.zeros_(projection)
+                else:
+                    nn.init.normal_(projection, mean=0.0, std=residual_std)
 
     def num_parameters(self) -> int:
         """Unique trainable parameters (a tied weight counts once)."""

@@ -62,6 +62,18 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     an = names.add_parser("anatomy", parents=[common], help="parameters and training memory by part, per preset")
     an.add_argument("--config", action="append", metavar="NAME|FILE",
                     help="a preset or config .json (repeatable; default: every preset)")
+    la = names.add_parser("ladder", parents=[common], help="GPT-2 block -> modern block, one change per rung, each "
+                                                         "trained for the same CPU time on 3 seeds")
+    la.add_argument("--budget", default="20s", help="CPU time per run, one thread: 90s, 5m, ... (default: 20s)")
+    la.add_argument("--seeds", type=int, default=3, help="seeds per rung (--seed, --seed + 1, ...) (default: 3)")
+    la.add_argument("--rungs", type=lambda t: tuple(t.split(",")), metavar="NAME,NAME,...",
+                    help="a subset of the rungs, in ladder order (default: all; each keeps the changes above it)")
+    la.add_argument("--data", metavar="FILE", help="UTF-8 training text (default: the embedded corpus)")
+    la.add_argument("--max-chars", type=int, default=400_000, help="characters of text used (default: 400000)")
+    la.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process (default: 1)")
+    la.add_argument("--lr", type=float, default=1e-3, help="AdamW's peak learning rate (default: 1e-3)")
+    la.add_argument("--muon-lr", type=float, default=0.04,
+                    help="Muon's peak learning rate (default: 0.04, the best of 0.01, 0.02, 0.04 at 10 s)")
     p.set_defaults(run=_run_experiment)
 
 
@@ -98,6 +110,13 @@ def _run_experiment(args: argparse.Namespace) -> int:
         config = None if args.model is not None else (args.config or "gpt2-small")
         report = experiments.run_attention(**common, model_dir=args.model, config=config, prompt=args.prompt,
                                            layer=args.layer)
+    elif name == "ladder":
+        from ..experiments.ladder import RUNG_NAMES
+
+        report = experiments.run_ladder(**common, seeds=args.seeds, budget=args.budget, rungs=args.rungs or RUNG_NAMES,
+                                        data=args.data, max_chars=args.max_chars, lr=args.lr, muon_lr=args.muon_lr,
+                                        jobs=args.jobs,
+                                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     elif name == "anatomy":
         report = experiments.run_anatomy(**common, configs=args.config)
     else:

@@ -69,8 +69,10 @@ def _run_train(args: argparse.Namespace) -> int:
 
     options = options_from_args(TrainingOptions, args)
     result = train(options)
-    if result.val_loss is not None and result.step == options.max_steps and is_main_process():
-        print(f"done: step {result.step}, train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f}, "
+    finished = result.step == options.max_steps or "budget_seconds_spent" in result.summary
+    if result.val_loss is not None and finished and is_main_process():
+        print(f"done: step {result.step}, train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f} nats/token "
+              f"({result.last_eval['val_bpb']:.4f} bits/byte), "
               f"unigram baseline {result.unigram_entropy:.4f} nats/token; best val {result.best_val_loss:.4f} at "
               f"step {result.best_step}; model in {result.run_dir} (tinygpt generate --model {result.run_dir})")
     return 0

@@ -12,6 +12,7 @@ from typing import Callable
 from .activations import run_activations
 from .anatomy import run_anatomy
 from .attention import run_attention
+from .ladder import run_ladder
 from .layernorm import run_layernorm
 from .prepost import run_prepost
 from .report import ExperimentReport
@@ -24,6 +25,7 @@ EXPERIMENTS: dict[str, Callable[..., ExperimentReport]] = {
     "layernorm": run_layernorm,
     "attention": run_attention,
     "anatomy": run_anatomy,
+    "ladder": run_ladder,
 }
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "run_activations",
     "run_anatomy",
     "run_attention",
+    "run_ladder",
     "run_layernorm",
     "run_prepost",
     "run_residual",

@@ -13,6 +13,7 @@ from typing import Iterator
 # What each part name switches off, and what runs instead.
 PARTS = {
     "onednn": "oneDNN's product in every linear, the head and the fused loss (torch's BLAS instead)",
+    "train": "oneDNN's forward, dL/dx and dL/dW for trained weights (large products): F.linear and autograd",
     "head": "the head's kernel choice (oneDNN, padded rows): a plain F.linear",
     "loss": "the fused head + cross-entropy loss: F.cross_entropy over materialised logits",
 }

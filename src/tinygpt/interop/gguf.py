@@ -44,8 +44,9 @@ from .gguf_vocab import KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
 CONFIG_KEY = "tinygpt.config"
 ARCHITECTURES = ("gpt2", "llama")
-_GPT2_NEEDS = dict(norm="layernorm", ffn="gelu", pos_emb="learned", pre_ln=True)
-_LLAMA_NEEDS = dict(norm="rmsnorm", ffn="swiglu", pos_emb="rope", pre_ln=True, bias=False, qkv_bias=False)
+_GPT2_NEEDS = dict(norm="layernorm", ffn="gelu", pos_emb="learned", pre_ln=True, qk_norm=False)
+_LLAMA_NEEDS = dict(norm="rmsnorm", ffn="swiglu", pos_emb="rope", pre_ln=True, bias=False, qkv_bias=False,
+                    qk_norm=False)
 
 
 def require_gguf() -> Any:

@@ -156,7 +156,8 @@ def tinygpt_config_to_hf(config: GPTConfig, eos_token_id: int | None = None) -> 
     if not config.pre_ln:
         raise ValueError("GPT-2 is pre-LN: a post-LN model (pre_ln=False) cannot be exported as GPT2LMHeadModel")
     handled = {"vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "drop_rate_emb",
-               "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln", "norm_eps"}
+               "drop_rate_attn", "drop_rate_shortcut", "qkv_bias", "tie_weights", "pre_ln", "norm_eps",
+               "zero_init_proj"}  # an init: the trained weights export as they are
     for f in dataclasses.fields(GPTConfig):
         if f.name not in handled and getattr(config, f.name) != f.default:
             raise ValueError(

@@ -102,7 +102,7 @@ def llama_config_to_tinygpt(hf_config: Any) -> GPTConfig:
 
 def tinygpt_to_llama_config(config: GPTConfig) -> dict[str, Any]:
     """The ``LlamaConfig`` keyword arguments of a Llama-shaped ``GPTConfig``; ``ValueError`` for any other."""
-    wanted = dict(norm="rmsnorm", ffn="swiglu", pos_emb="rope", pre_ln=True)
+    wanted = dict(norm="rmsnorm", ffn="swiglu", pos_emb="rope", pre_ln=True, qk_norm=False)
     wrong = [f"{k}={getattr(config, k)!r} (Llama: {v!r})" for k, v in wanted.items() if getattr(config, k) != v]
     if config.qkv_bias != config.bias:
         wrong.append(f"qkv_bias={config.qkv_bias} with bias={config.bias} (Llama: equal)")

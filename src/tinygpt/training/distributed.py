@@ -129,7 +129,8 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     and FSDP2, so a checkpoint written by one resumes under another. Collective: every rank must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # ~2 s import: lazily
 
-    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_state_dict(model, getattr(optimizer, "parts", optimizer),  # Muon + AdamW: both, keyed by name
+                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_state: dict) -> None:
@@ -139,7 +140,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, opt
 
     try:
         # strict=False: a parameter that never had a gradient (a reward model's unused LM head) has no AdamW state.
-        set_optimizer_state_dict(model, optimizer, optimizer_state,
+        set_optimizer_state_dict(model, getattr(optimizer, "parts", optimizer), optimizer_state,
                                  options=StateDictOptions(full_state_dict=True, strict=False))
     except (KeyError, ValueError, RuntimeError) as err:  # a state keyed otherwise (an older fine-tuning run's)
         raise ValueError(f"cannot restore the optimizer state of the checkpoint ({type(err).__name__}: {err}); "

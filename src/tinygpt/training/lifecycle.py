@@ -40,12 +40,13 @@ class Diverged(RuntimeError):
 class Interrupted(Exception):
     """The run stopped on a signal after writing ``checkpoint`` at ``step``; ``exit_code`` = 128 + the signal."""
 
-    def __init__(self, signum: int | None, step: int, max_steps: int, checkpoint: Path | None) -> None:
+    def __init__(self, signum: int | None, step: int, max_steps: int | None, checkpoint: Path | None) -> None:
         signum = signal.SIGTERM if signum is None else signum  # None: another rank was signalled, not this one
         self.signum, self.step, self.max_steps, self.checkpoint = signum, step, max_steps, checkpoint
         self.exit_code = 128 + signum
         saved = f"saved {checkpoint}" if checkpoint is not None else "nothing saved"
-        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} of {max_steps}; {saved}")
+        of = "" if max_steps is None else f" of {max_steps}"  # None: a time budget
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}{of}; {saved}")
 
 
 class Terminated(KeyboardInterrupt):

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..config import DEFAULT_SEED  # noqa: F401  (also imported from here)
 from ..devices import autocast
 from ..fileio import RUN, atomic_write_text, check_save_target
+from ..lora import is_adapted
 from ..model import GPTModel
 from . import distributed as dist_utils
 from .checkpointing import (capture_rng_state, last_good_checkpoint, load_training_state, load_weights,
@@ -37,8 +38,8 @@ from .checkpointing import (capture_rng_state, last_good_checkpoint, load_traini
 from .lifecycle import Diverged, Interrupted, StopRequests
 from .memory import checkpoint_blocks
 from .metrics import PLOT_INTERVAL_SECONDS, MetricsLog
-from .optim import Schedule, build_optimizer, optimizer_step
-from .options import LoopOptions
+from .optim import Schedule, build_for, optimizer_step
+from .options import LoopOptions, parse_duration
 from .stage import Stage
 
 
@@ -91,7 +92,8 @@ def run_seed(stage: Stage, options: LoopOptions) -> int:
 
 def run_stage(stage: Stage, options: LoopOptions) -> TrainingResult:
     """Train (or resume) ``stage`` as ``options`` say, writing ``step-N/`` checkpoints, ``metrics.jsonl`` and the
-    plot into ``options.out_dir``; at ``max_steps`` the finished model is exported there and summarised in
+    plot into ``options.out_dir``; at ``max_steps`` (or the end of ``time_budget``) the finished model is exported
+    there and summarised in
     ``summary.json``. Under torchrun a data-parallel stage runs on every rank (only rank 0 writes files)."""
     options.check()
     if options.tensorboard:
@@ -144,10 +146,20 @@ class _Loop:
         stage.setup(o, ctx, resume_from)
         seed_everything(run_seed(stage, o))  # every rank the same: identical init and identical data streams
         stage.build(ctx)
+        if o.optimizer == "muon" and is_adapted(stage.policy):
+            raise ValueError("--optimizer muon trains full weights; a LoRA run trains adapters: use --optimizer adamw")
         if resume_from is not None:
             load_weights(stage, resume_from, state)
-        self.max_steps = o.max_steps if o.max_steps is not None else o.epochs * stage.steps_per_epoch
-        self.end = self.max_steps if o.stop_after is None else min(self.max_steps, o.stop_after)
+        # With a time budget the run ends when the budget is spent (its step count unknown until then); the
+        # seconds spent so far are in every checkpoint, so a resume continues the budget and its schedule.
+        self.budget = None if o.time_budget is None else parse_duration("time_budget", o.time_budget)
+        self.spent = 0.0 if state is None else float(state.get("budget_spent", 0.0))
+        if self.budget is not None:
+            self.max_steps = None
+            self.end = o.stop_after if o.stop_after is not None else sys.maxsize
+        else:
+            self.max_steps = o.max_steps if o.max_steps is not None else o.epochs * stage.steps_per_epoch
+            self.end = self.max_steps if o.stop_after is None else min(self.max_steps, o.stop_after)
         self.schedule = Schedule(o.lr, o.min_lr, o.warmup_steps, self.max_steps)
 
         self.trainable = stage.trainable()
@@ -155,8 +167,12 @@ class _Loop:
         self.release_blocks = checkpoint_blocks(stage.policy) if o.grad_checkpoint else None
         self.wrapped = dist_utils.wrap_model(self.trainable, ctx, fsdp=o.fsdp)
         stage.forward = torch.compile(self.wrapped) if o.compile else self.wrapped
-        self.optimizer = build_optimizer(self.wrapped, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
+        self.optimizer = build_for(self.wrapped, o)
         if state is not None:
+            trained_with = state.get("options", {}).get("optimizer", "adamw")
+            if trained_with != o.optimizer:
+                raise ValueError(f"{resume_from} was trained with --optimizer {trained_with}: resume it with the same "
+                                 f"optimizer (its state is that optimizer's), not {o.optimizer}")
             dist_utils.load_optimizer_state(self.wrapped, self.optimizer, state["optimizer"])
             stage.load_state_dict(state["stage_state"])
             restore_rng_state(state["rng"])
@@ -165,7 +181,11 @@ class _Loop:
             restarted = dist_utils.restart_count()
             self.log(f"resumed from {resume_from} at step {self.step}"
                      f"{f' (torchrun restart {restarted})' if restarted and o.resume is None else ''}")
-        refuse_finished(self.step, self.max_steps)
+        if self.budget is None:
+            refuse_finished(self.step, self.max_steps)
+        elif self.spent >= self.budget:
+            raise ValueError(f"the checkpoint has spent its --time-budget {o.time_budget} already: give a larger one "
+                             f"to train further")
         self.resumed = resume_from is not None
 
     # ------------------------------------------------------------------------------------------ one step
@@ -174,7 +194,7 @@ class _Loop:
         clipped, refused when not finite; returns lr, the mean loss over the updates (and the global batch), the
         mean gradient norm and the stage's metrics."""
         stage, device, dtype = self.stage, self.stage.device, self.o.dtype
-        lr = self.schedule.apply(self.optimizer, self.step)
+        lr = self.schedule.apply(self.optimizer, self.step, self.spent / self.budget if self.budget else 0.0)
         with autocast(device, dtype):
             updates = stage.batches(self.step)
         loss_sum = norm_sum = 0.0
@@ -230,6 +250,7 @@ class _Loop:
                 "rng": capture_rng_state(),
                 "best_step": self.best_step,
                 "best_val_loss": self.best_val,
+                "budget_spent": self.spent,
                 "heads": self.stage.heads.state_dict(),
                 "stage_state": self.stage.state_dict(),
                 "options": {k: v for k, v in asdict(self.o).items() if isinstance(v, (int, float, str, bool))},
@@ -255,6 +276,10 @@ class _Loop:
             plain.out_head.weight = plain.tok_emb.weight
         return plain
 
+    def budget_spent(self) -> bool:
+        """Whether the run has a time budget and has spent it."""
+        return self.budget is not None and self.spent >= self.budget
+
     # ------------------------------------------------------------------------------------------ the loop
     def run(self) -> TrainingResult:
         try:
@@ -273,6 +298,7 @@ class _Loop:
             from .tensorboard import TensorBoardLog
 
             board = TensorBoardLog(self.run_dir / "tensorboard", self.step if self.resumed else None)
+        # total None with a time budget: a step counter without an end
         bar = tqdm(total=self.max_steps, initial=self.step, desc=stage.name, disable=not (self.main and o.progress),
                    dynamic_ncols=True)
         last_eval: dict[str, float] = {}
@@ -280,13 +306,17 @@ class _Loop:
         rate_window: list[tuple[float, int]] = []
         tokens_per_second = None
         t_last = last_plot = time.perf_counter()
+        cpu_last = time.process_time()
         stop = StopRequests().start()  # Ctrl-C / SIGTERM: finish the step, checkpoint, raise Interrupted
         try:
-            while self.step < self.end:
+            while self.step < self.end and not self.budget_spent():
                 metrics = self.train_step()
-                now = time.perf_counter()
+                now, cpu_now = time.perf_counter(), time.process_time()
                 dt, t_last = now - t_last, now
+                self.spent += cpu_now - cpu_last if o.budget_clock == "cpu" else dt
                 record: dict[str, Any] = {"step": self.step, **metrics, "step_seconds": dt}
+                if self.budget is not None:
+                    record["budget_seconds"] = self.spent
                 if stage.tokens_per_step:
                     rate_window = (rate_window + [(dt, stage.tokens_per_step)])[-20:]
                     tokens_per_second = sum(n for _, n in rate_window) / max(1e-9, sum(t for t, _ in rate_window))
@@ -297,7 +327,7 @@ class _Loop:
                             record["mfu"] = tokens_per_second * stage.flops_per_token / stage.peak_flops
                 bar.update(1)
                 bar.set_postfix({k: f"{record[k]:.4g}" for k in stage.postfix_keys if k in record}, refresh=False)
-                is_last = self.step == self.end
+                is_last = self.step == self.end or self.budget_spent()
                 evaluated = self.step % o.eval_every == 0 or is_last
                 if evaluated:
                     last_eval = self.evaluate()
@@ -325,7 +355,8 @@ class _Loop:
                     if not saved:
                         self.checkpoint()
                     raise Interrupted(stop.signum, self.step, self.max_steps, self.run_dir / f"step-{self.step}")
-                t_last = time.perf_counter()  # eval and checkpoint time stay out of tokens/s
+                t_last, cpu_last = time.perf_counter(), time.process_time()  # eval and checkpoints stay out of
+                # tokens/s and of the time budget
         finally:
             stop.close()
             bar.close()
@@ -336,7 +367,9 @@ class _Loop:
                    "best_val_loss": self.best_val,
                    "best_checkpoint": f"step-{self.best_step}" if self.best_step else None,
                    "tokens_per_second": tokens_per_second, **stage.summary()}
-        if self.step == self.max_steps and self.main:
+        if self.budget is not None:
+            summary.update(time_budget_seconds=self.budget, budget_seconds_spent=self.spent, budget_clock=o.budget_clock)
+        if (self.step == self.max_steps or self.budget_spent()) and self.main:
             # The finished model also goes into RUN_DIR itself, so `load_model(RUN_DIR)` and
             # `tinygpt generate --model RUN_DIR` read it; summary.json names the best checkpoint.
             stage.export(self.last_saved, self.run_dir)

@@ -34,6 +34,13 @@ def flops_per_token(config: GPTConfig) -> float:
     return 6.0 * matmul_params + 12.0 * config.n_layers * config.context_length * config.emb_dim
 
 
+def tokens_per_byte(tokenizer: Any, tokens: Any) -> float:
+    """Tokens per UTF-8 byte of the text ``tokens`` (ids) decode to: the factor from bits per token to bits per
+    byte. 1 for a character tokenizer on ASCII text; about 0.3 for GPT-2's BPE on English."""
+    n_bytes = len(tokenizer.decode(np.asarray(tokens).tolist()).encode("utf-8"))
+    return len(tokens) / max(1, n_bytes)
+
+
 def peak_flops(device: torch.device, override_tflops: float | None = None) -> float | None:
     """The peak FLOP/s the MFU is measured against: ``override_tflops`` when given, else a known GPU's bf16 peak."""
     if override_tflops is not None:

@@ -1,5 +1,6 @@
-"""How the weights move: AdamW with weight decay on matrices only, the warmup + cosine learning-rate schedule, and
-the clipped step that refuses a non-finite loss -- shared by pretraining and every fine-tuning stage."""
+"""How the weights move: AdamW with weight decay on matrices only, or Muon on the blocks' matrices with AdamW on the
+rest; the warmup + cosine learning-rate schedule; and the clipped step that refuses a non-finite loss -- shared by
+pretraining and every fine-tuning stage."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from .lifecycle import Diverged
+from .options import LoopOptions
 
 
 def build_optimizer(
@@ -29,15 +31,90 @@ def build_optimizer(
         raise ValueError(f"lr={lr!r} must be > 0")
     if weight_decay < 0:
         raise ValueError(f"weight_decay={weight_decay!r} must be >= 0")
-    decay, no_decay = [], []
-    for _, param in model.named_parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
+    return _adamw_groups([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay,
+                         betas=betas, eps=eps)
+
+
+def _adamw_groups(params: list[torch.Tensor], *, lr: float, weight_decay: float, betas: tuple[float, float],
+                  eps: float) -> torch.optim.AdamW:
+    """AdamW with 2-D weights decaying and vectors not (see ``build_optimizer``)."""
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay, "peak_lr": lr},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "peak_lr": lr},
     ]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Whether Muon moves this parameter: a 2-D weight inside a transformer block (the QKV, output and FFN
+    projections; a fused QKV or gate/up matrix is orthogonalised as one). The embeddings, the head, a reward or
+    value head, and every vector (biases, norm scales) are AdamW's, as in Keller Jordan's Muon and nanochat."""
+    return param.dim() == 2 and ".trf_blocks." in f".{name}"
+
+
+class MuonWithAdamW:
+    """Two optimizers stepped as one: ``torch.optim.Muon`` on the hidden matrices, ``torch.optim.AdamW`` on the
+    rest. ``param_groups`` is both lists (Muon's first), so the schedule sets every group's rate; ``parts`` is what
+    a checkpoint saves (``distributed.full_state`` keys both by parameter name)."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        self.muon, self.adamw = muon, adamw
+        self.parts = [muon, adamw]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+
+def build_muon(
+    model: nn.Module,
+    *,
+    lr: float,
+    muon_lr: float,
+    muon_momentum: float = 0.95,
+    muon_weight_decay: float = 0.0,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+) -> MuonWithAdamW:
+    """Muon (``muon_lr``, Nesterov momentum ``muon_momentum``, 5 Newton-Schulz steps, torch's default shape
+    adjustment sqrt(max(1, out/in)), decoupled decay ``muon_weight_decay``) on ``is_hidden_matrix`` parameters;
+    AdamW (``lr``, ``build_optimizer``'s two groups) on the others. Each group remembers its peak rate
+    (``peak_lr``), which the schedule scales."""
+    if not muon_lr > 0:
+        raise ValueError(f"muon_lr={muon_lr!r} must be > 0")
+    hidden = [p for n, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(n, p)]
+    if not hidden:
+        raise ValueError("--optimizer muon found no trainable matrix inside a transformer block to move")
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not is_hidden_matrix(n, p)]
+    muon = torch.optim.Muon([{"params": hidden, "peak_lr": muon_lr}], lr=muon_lr, momentum=muon_momentum,
+                            weight_decay=muon_weight_decay)
+    adamw = _adamw_groups(rest, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+    return MuonWithAdamW(muon, adamw)
+
+
+def build_for(model: nn.Module, options: LoopOptions) -> torch.optim.Optimizer | MuonWithAdamW:
+    """The optimizer ``options.optimizer`` names, with the options' rates, betas and weight decays."""
+    betas = (options.beta1, options.beta2)
+    if options.optimizer == "muon":
+        return build_muon(model, lr=options.lr, muon_lr=options.muon_lr, muon_momentum=options.muon_momentum,
+                          muon_weight_decay=options.muon_weight_decay, weight_decay=options.weight_decay, betas=betas)
+    return build_optimizer(model, lr=options.lr, weight_decay=options.weight_decay, betas=betas)
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
@@ -54,25 +131,41 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+def lr_at_fraction(step: int, spent: float, *, lr: float, min_lr: float, warmup_steps: int) -> float:
+    """``lr_at`` over a time budget: the same linear warmup over the first ``warmup_steps`` steps, then the half
+    cosine from ``lr`` to ``min_lr`` over the fraction ``spent`` (0..1) of the budget used so far."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * min(1.0, max(0.0, spent))))
+
+
+def set_lr(optimizer: torch.optim.Optimizer | MuonWithAdamW, value: float, base_lr: float | None = None) -> None:
+    """Every group's rate: ``value``, scaled for a group whose peak rate (``peak_lr``) differs from ``base_lr``
+    (Muon's matrices: value * muon_lr / lr)."""
     for group in optimizer.param_groups:
-        group["lr"] = value
+        peak = group.get("peak_lr", base_lr)
+        group["lr"] = value if base_lr is None or peak == base_lr else value * peak / base_lr
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """The warmup + cosine schedule of one run (``lr_at``); ``min_lr`` None = lr / 10."""
+    """The warmup + cosine schedule of one run (``lr_at``, or ``lr_at_fraction`` over a time budget: then
+    ``max_steps`` is None); ``min_lr`` None = lr / 10."""
 
     lr: float
     min_lr: float | None
     warmup_steps: int
-    max_steps: int
+    max_steps: int | None
 
-    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
-        """Set the learning rate of 0-based ``step`` on every group; returns it."""
+    def apply(self, optimizer: torch.optim.Optimizer | MuonWithAdamW, step: int, spent: float = 0.0) -> float:
+        """Set the learning rate of 0-based ``step`` (with a budget: after the fraction ``spent`` of it) on every
+        group (a group with its own peak rate, Muon's, gets the same fraction of it); returns the base rate."""
         min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
-        value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
-        set_lr(optimizer, value)
+        if self.max_steps is None:
+            value = lr_at_fraction(step, spent, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps)
+        else:
+            value = lr_at(step, lr=self.lr, min_lr=min_lr, warmup_steps=self.warmup_steps, max_steps=self.max_steps)
+        set_lr(optimizer, value, self.lr)
         return value
 
 

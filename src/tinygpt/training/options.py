@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,20 @@ from ..checks import option
 from ..config import DEFAULT_SEED, GPTConfig
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
+OPTIMIZERS = ("adamw", "muon")  # training.optim.build_for
+BUDGET_CLOCKS = ("wall", "cpu")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*$")
+
+
+def parse_duration(name: str, text: str) -> float:
+    """``"90"``/``"90s"`` -> 90.0, ``"5m"`` -> 300.0, ``"1.5h"`` -> 5400.0 seconds; anything else (or 0) a
+    ``ValueError`` naming ``name``."""
+    match = _DURATION.match(str(text))
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)] if match else 0.0
+    if not seconds > 0:
+        raise ValueError(f"{name}={text!r} must be a positive duration: seconds, or a number with s, m or h "
+                         f"(90, 90s, 5m, 1.5h)")
+    return seconds
 
 # The main job's model (vocab_size comes from the tokenizer): sized by timing runs so that the default
 # ``tinygpt train`` on the embedded corpus finishes in about 5 minutes on 2 CPU cores.
@@ -32,6 +47,12 @@ class LoopOptions:
                                       "OUT's newest, or a fresh start when there is none", metavar="DIR|auto",
                                 default_help="a fresh start")
     max_steps: int | None = option(2000, "optimizer steps in all")
+    time_budget: str | None = option(None, "train until this much time is spent in the training steps (evaluation "
+                                           "and checkpoints not counted), the cosine schedule running over it "
+                                           "instead of --max-steps: 90s, 5m, 1.5h", metavar="DURATION",
+                                     default_help="none: --max-steps")
+    budget_clock: str = option("wall", "what --time-budget counts: wall-clock seconds, or this process's CPU "
+                                       "seconds (steadier on a shared machine)", choices=BUDGET_CLOCKS)
     stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint) as if interrupted; "
                                           "the schedule still runs to --max-steps, and --resume continues",
                                     metavar="STEP", default_help="no stop")
@@ -41,6 +62,12 @@ class LoopOptions:
     weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights")
     beta1: float = 0.9
     beta2: float = 0.95
+    optimizer: str = option("adamw", "adamw: AdamW on every weight; muon: torch.optim.Muon on the blocks' matrices "
+                                      "(--muon-lr), AdamW (--lr) on embeddings, head, biases and norms",
+                            choices=OPTIMIZERS)
+    muon_lr: float = option(0.02, "Muon's peak learning rate (--optimizer muon), scheduled as --lr is")
+    muon_momentum: float = option(0.95, "Muon's Nesterov momentum")
+    muon_weight_decay: float = option(0.0, "Muon's decoupled weight decay on the blocks' matrices")
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off")
     eval_every: int = option(250, "evaluate, plot (and print a sample) every N steps", metavar="N")
     checkpoint_every: int | None = option(None, "write step-N/ every N steps", metavar="N",
@@ -71,6 +98,13 @@ class LoopOptions:
         checks.positive_number("lr", self.lr)
         checks.number_in_range("min_lr", self.min_lr, 0, self.lr, optional=True, note="(at most lr)")
         checks.non_negative_number("weight_decay", self.weight_decay)
+        checks.choice("optimizer", self.optimizer, OPTIMIZERS)
+        checks.choice("budget_clock", self.budget_clock, BUDGET_CLOCKS)
+        if self.time_budget is not None:
+            parse_duration("time_budget", self.time_budget)
+        checks.positive_number("muon_lr", self.muon_lr)
+        checks.number_in_range("muon_momentum", self.muon_momentum, 0, 1, high_open=True)
+        checks.non_negative_number("muon_weight_decay", self.muon_weight_decay)
         checks.non_negative_number("grad_clip", self.grad_clip, note="(0 turns clipping off)")
         checks.non_negative_int("seed", self.seed, optional=True)
         checks.choice("dtype", self.dtype, DTYPES)

@@ -9,6 +9,7 @@ Everything else -- optimizer, schedule, evaluation cadence, checkpoints, resume,
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from .checkpointing import config_mismatch
 from .data import PreparedCorpus, prepare_or_reuse
 from .limits import check_memory, check_windows
 from .loop import TrainingResult, run_stage
-from .metrics import flops_per_token, peak_flops, plot_losses, unigram_entropy
+from .metrics import flops_per_token, peak_flops, plot_losses, tokens_per_byte, unigram_entropy
 from .options import DEFAULT_MODEL, TrainingOptions
 from .stage import Stage
 
@@ -90,6 +91,7 @@ class PretrainStage(Stage):
         check_windows(o.batch_size, ctx.world_size, len(self.corpus.train), self.config.context_length)
         check_memory(self.config, o.batch_size, ctx.device, shards=ctx.world_size if o.fsdp else 1)
         self.baseline = unigram_entropy(self.corpus.train, self.corpus.vocab_size)
+        self.val_tokens_per_byte = tokens_per_byte(self.tokenizer, self.corpus.val)
         self.flops_per_token = flops_per_token(self.config)
         self.peak_flops = peak_flops(ctx.device, o.peak_tflops)
         self.tokens_per_step = o.batch_size * o.grad_accum * ctx.world_size * self.config.context_length
@@ -170,6 +172,9 @@ class PretrainStage(Stage):
                 for _ in range(self.o.eval_iters):
                     total += self.loss(self._batch(sampler))[0]
                 result[f"{split}_loss"] = float(dist_utils.all_reduce_mean(total / self.o.eval_iters, self.ctx))
+        # bits per byte: nats/token -> bits/token (/ ln 2) -> bits/byte (x the val split's tokens per UTF-8 byte),
+        # comparable across tokenizers (a character model and a BPE model of the same text)
+        result["val_bpb"] = result["val_loss"] / math.log(2) * self.val_tokens_per_byte
         return result
 
     def sample(self) -> str:
@@ -203,7 +208,8 @@ class PretrainStage(Stage):
     def report(self, record: dict[str, Any], sample: str | None) -> str:
         speed = f"{record['tokens_per_second']:,.0f} tok/s, {record['tflops']:.3g} TFLOP/s" + (
             f", MFU {record['mfu']:.1%}" if "mfu" in record else "")
-        return (f"step {record['step']}: train {record['train_loss']:.4f}  val {record['val_loss']:.4f}  "
+        return (f"step {record['step']}: train {record['train_loss']:.4f}  val {record['val_loss']:.4f} "
+                f"({record['val_bpb']:.4f} bits/byte)  "
                 f"(unigram {self.baseline:.4f})  {speed}\n--- sample ---\n{sample}\n---")
 
     # ------------------------------------------------------------------------------------------ state and files
