@@ -150,7 +150,8 @@ def offline_speculative(model: Any, prompt_ids: list[int], new_tokens: int, roun
     from tinygpt.inference.engine import InferenceEngine
     from tinygpt.inference.row import Row
 
-    engines = {mode: InferenceEngine(model, max_rows=1, prefix_reuse=False, speculative_tokens=k)
+    engines = {mode: InferenceEngine(model, max_rows=1, prefix_reuse=False, speculative_tokens=k,
+                                     cache_tokens=model.config.context_length + k)  # a row, its draft on top
                for mode, k in (("lookup", 8), ("off", 0))}
 
     def run(mode: str, tokens: int) -> Row:
@@ -172,5 +173,5 @@ def offline_speculative(model: Any, prompt_ids: list[int], new_tokens: int, roun
     new = {mode: row.tokens[row.prompt_len:] for mode, row in results.items()}
     same = new["lookup"] == new["off"]
     return {mode: {"tokens": len(new[mode]), "tokens_per_s": len(new[mode]) / statistics.median(times[mode]),
-                   "acceptance": results[mode].accepted / results[mode].drafted if mode == "lookup"
-                   and results[mode].drafted else None, "same_tokens": same} for mode in times}
+                   "acceptance": (results[mode].accepted / results[mode].drafted if results[mode].drafted else 0.0)
+                   if mode == "lookup" else None, "same_tokens": same} for mode in times}

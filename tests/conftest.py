@@ -32,6 +32,7 @@ def shared_data_dir() -> Path:
 
 SHARED_DATA = shared_data_dir()
 GPT2_VOCAB_DIR = SHARED_DATA / "gpt2"
+VERDICT = Path(__file__).resolve().parent / "data" / "the-verdict.txt"  # in the repository: tests/data/README.md
 
 
 def variant_configs(base: GPTConfig | None = None) -> list[GPTConfig]:

@@ -393,3 +393,25 @@ def test_quantised_load_refuses_an_unknown_kind(tmp_path):
     save_model(_random_model(CONFIGS[0]), tmp_path / "ckpt")
     with pytest.raises(ValueError, match="quantize.*nf4"):
         load_model(tmp_path / "ckpt", quantize="int8")
+
+
+def test_load_weights_into_fills_the_given_model_and_builds_none(tmp_path, monkeypatch):
+    """A resume's load (``checkpoint.load_weights_into``): the checkpoint's tensors copied into the model the stage
+    built, with no second ``GPTModel`` (nanoGPT: one build, one ``load_state_dict``)."""
+    from tinygpt.checkpoint import load_weights_into
+
+    config = CONFIGS[0].replace(tie_weights=True)
+    saved = _random_model(config)
+    save_model(saved, tmp_path / "ckpt")
+    torch.manual_seed(99)
+    target = GPTModel(config)
+
+    def no_second_model(*args, **kwargs):
+        raise AssertionError("load_weights_into built a GPTModel")
+
+    monkeypatch.setattr(GPTModel, "__init__", no_second_model)
+    load_weights_into(target, tmp_path / "ckpt")
+    assert all(torch.equal(p, q) for p, q in zip(target.state_dict().values(), saved.state_dict().values()))
+    assert target.out_head.weight is target.tok_emb.weight
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_weights_into(target, tmp_path)

@@ -21,7 +21,7 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from tinygpt.evaluation.harness import TinyGPTLM  # noqa: E402
 from tinygpt.evaluation.task_files import SHIPPED_TASKS, TASKS_DIR, resolve_tasks  # noqa: E402
 
-from conftest import SHARED_DATA  # noqa: E402
+from conftest import VERDICT  # noqa: E402
 
 LIMIT = 8
 
@@ -87,7 +87,7 @@ def test_same_loglikelihoods_and_generations_per_request(both_results):
 
 
 def test_rolling_loglikelihood_over_several_windows_matches(eval_model_dirs, hf_lm):
-    text = (SHARED_DATA / "the-verdict.txt").read_text(encoding="utf-8")
+    text = VERDICT.read_text(encoding="utf-8")
     docs = [text[:900], text[2000:2300], "A short one."]  # the first is ~200 tokens: four 64-token windows
     requests = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(d,), idx=i)
                 for i, d in enumerate(docs)]

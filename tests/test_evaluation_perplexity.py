@@ -11,7 +11,7 @@ from tinygpt import GPTConfig, GPTModel, load_checkpoint_tokenizer, load_model
 from tinygpt.evaluation import perplexity, sliding_windows, text_tokens
 from tinygpt.tokenizer import CharTokenizer
 
-from conftest import SHARED_DATA
+from conftest import VERDICT
 
 
 @pytest.mark.parametrize("n, window, stride", [(100, 16, 5), (100, 16, 16), (16, 16, 4), (37, 10, 9)])
@@ -67,7 +67,7 @@ def hf_model(eval_model_dirs):
 def test_equals_hugging_face_sliding_window_on_the_export(eval_model_dirs, hf_model, window, stride):
     ours_dir = eval_model_dirs[0]
     model, tokenizer = load_model(ours_dir), load_checkpoint_tokenizer(ours_dir)
-    text = (SHARED_DATA / "the-verdict.txt").read_text(encoding="utf-8")[:2500]
+    text = VERDICT.read_text(encoding="utf-8")[:2500]
     ids, n_bytes = text_tokens(tokenizer, text)
     assert ids[0] == tokenizer.eot_id and n_bytes == len(text.encode("utf-8"))
     result = perplexity(model, ids, window=window, stride=stride, n_bytes=n_bytes, batch_size=3)

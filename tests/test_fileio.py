@@ -328,3 +328,18 @@ def test_a_save_removes_what_a_killed_save_into_the_same_folder_left(tmp_path):
     with save_into(target, CHECKPOINT) as tmp:
         _checkpoint_files(tmp)
     assert _siblings(target) == ["config.json", "model.safetensors"]
+
+
+def test_one_json_reader_words_its_errors_and_its_probe_says_none(tmp_path):
+    from tinygpt.fileio import json_object_or_none, read_json_object
+
+    good, listed, broken = tmp_path / "good.json", tmp_path / "list.json", tmp_path / "broken.json"
+    good.write_text('{"a": 1}', encoding="utf-8")
+    listed.write_text("[1]", encoding="utf-8")
+    broken.write_text("{", encoding="utf-8")
+    assert read_json_object(good) == {"a": 1} and json_object_or_none(good) == {"a": 1}
+    for path, why in ((listed, "expected a JSON object, got list"), (broken, "not a readable JSON file"),
+                      (tmp_path / "none.json", "not a readable JSON file")):
+        with pytest.raises(ValueError, match=f"{path.name}: {why}"):
+            read_json_object(path)
+        assert json_object_or_none(path) is None

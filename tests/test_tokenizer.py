@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import VERDICT
 from tinygpt.tokenizer import (
     BPETokenizer,
     CharTokenizer,
@@ -13,13 +13,10 @@ from tinygpt.tokenizer import (
     train_tokenizer,
 )
 
-VERDICT = SHARED_DATA / "the-verdict.txt"
 
 
 @pytest.fixture
 def verdict() -> str:
-    if not VERDICT.exists():
-        pytest.skip(f"{VERDICT} not found")
     return VERDICT.read_text(encoding="utf-8")
 
 

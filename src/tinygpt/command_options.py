@@ -1,5 +1,5 @@
-"""The options of the commands that run a saved model -- ``generate`` and ``chat`` -- as dataclasses whose fields make
-the commands' flags (``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
+"""The options of the commands that run a saved model -- ``generate`` and ``chat`` -- and of ``params``, as dataclasses
+whose fields make the commands' flags (``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
 
 The generation settings themselves (temperature, top-k, ...) are not repeated here: every field of
 ``tinygpt.generation.GenerationConfig`` becomes a flag of both commands (``cli.common.add_generation_options``), so
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import checks
 from .checks import option
+from .config import PRESETS
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
 DEVICE_HELP = "cpu, cuda or cuda:N"
@@ -75,3 +76,15 @@ class GenerateOptions(ChatOptions):
                                      "decoding: --speculative-tokens K per step, default 4; the same text for "
                                      "greedy decoding, the same distribution when sampling)",
                                metavar="DIR|HUBNAME")
+
+
+@dataclass
+class ParamsOptions:
+    """``tinygpt params``: the parameter count of a config (a preset or a .json file) or of a saved checkpoint."""
+
+    config: str = option("gpt2-small", f"a preset ({', '.join(PRESETS)}) or a config .json file", group="source")
+    model: str | None = option(None, "a saved tinygpt checkpoint: its config, and the tensors stored", metavar="DIR",
+                               group="source")
+    qkv_bias: bool = option(False, "count a bias on the fused QKV projection (+3D per layer)")
+    tie_weights: bool = option(False, "share the head with the token embedding (-VD)")
+    json: bool = option(False, "print JSON instead of a table")

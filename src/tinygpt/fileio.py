@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 TEMP_PREFIX = ".tinygpt-tmp-"
 MIN_FREE_BYTES = 1 << 20  # below this a disk counts as full even when the caller cannot estimate its output
@@ -212,13 +212,31 @@ def remove_temporaries(root: str | Path) -> list[Path]:
     return removed
 
 
-# ------------------------------------------------------------------------------------------------ folder kinds
-def _json_keys(path: Path) -> set[str]:
+# ------------------------------------------------------------------------------------------------ JSON files
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object in ``path``; a ``ValueError`` naming the file and what is wrong with it otherwise (missing,
+    unreadable, not UTF-8, not JSON, or JSON but not an object)."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return set()
-    return set(data) if isinstance(data, dict) else set()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable JSON file: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def json_object_or_none(path: str | os.PathLike) -> dict[str, Any] | None:
+    """``read_json_object`` for a probe (what kind of folder is this?): None instead of the error."""
+    try:
+        return read_json_object(path)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ folder kinds
+def _json_keys(path: Path) -> set[str]:
+    return set(json_object_or_none(path) or ())
 
 
 _STEP_DIR = re.compile(r"^step-\d+$")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from .chat_template import TOKENIZER_CONFIG, ChatTemplate, chat_template_config, read_chat_template
-from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with
+from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with, json_object_or_none
 
 ENDOFTEXT = "<|endoftext|>"
 DESCRIPTOR = "tinygpt_tokenizer.json"
@@ -388,11 +388,7 @@ def train_tokenizer(spec: str, texts: Iterable[str] | str = ()) -> Tokenizer:
 
 
 def _is_descriptor(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and data.get("format") == "tinygpt-tokenizer"
+    return (json_object_or_none(path) or {}).get("format") == "tinygpt-tokenizer"
 
 
 def find_descriptor(directory: str | Path) -> Path | None:

@@ -30,6 +30,7 @@ from torch import nn
 
 from .. import checks
 from ..checks import option
+from ..config import DEFAULT_SEED
 from ..generation import generate
 from ..lora import is_adapted
 from ..model import GPTModel
@@ -161,7 +162,7 @@ class GRPOStage(FinetuneStage):
     def __init__(self, policy: GPTModel, tokenizer: Tokenizer, examples: Sequence[Mapping[str, Any]],
                  scorer: RewardScorer, *, config: GRPOConfig | None = None, reference: GPTModel | None = None,
                  eval_examples: Sequence[Mapping[str, Any]] | None = None, eval_limit: int = 200,
-                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = 1337, source: str = "data") -> None:
+                 batch_size: int = 8, val_fraction: float = 0.1, seed: int = DEFAULT_SEED, source: str = "data") -> None:
         self.policy, self.tokenizer, self.scorer = policy, tokenizer, scorer
         self.config = config or GRPOConfig()
         self.heads = nn.ModuleDict()

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from ..config import PRESETS, GPTConfig
+from ..command_options import ParamsOptions
+from ..config import GPTConfig
 from ..params import count_parameters
 from .common import (CommandError, add_generation_options, add_options, config_from_args, load_for_command,
                      options_from_args, sampling_config)
@@ -14,17 +15,12 @@ from .common import (CommandError, add_generation_options, add_options, config_f
 
 def _add_params(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("params", help="count parameters from the formula N = 2VD + CD + L(12D^2 + 10D) + 2D")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--config", default="gpt2-small",
-                        help=f"a preset ({', '.join(PRESETS)}) or a config .json file (default: gpt2-small)")
-    source.add_argument("--model", metavar="DIR", help="a saved tinygpt checkpoint: its config, and the tensors stored")
-    p.add_argument("--qkv-bias", action="store_true", help="count a bias on the fused QKV projection (+3D per layer)")
-    p.add_argument("--tie-weights", action="store_true", help="share the head with the token embedding (-VD)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_options(p, ParamsOptions)
     p.set_defaults(run=_run_params)
 
 
 def _run_params(args: argparse.Namespace) -> int:
+    args = options_from_args(ParamsOptions, args)
     stored = None
     if args.model is not None:
         if args.qkv_bias or args.tie_weights:

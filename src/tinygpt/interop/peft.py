@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..config import GPTConfig
-from ..fileio import ADAPTER, atomic_write_text, save_into
+from ..fileio import ADAPTER, atomic_write_text, read_json_object, save_into
 from ..tokenizer import TOKENIZER_FILES, Tokenizer
 from ..lora import LoRAConfig, apply_lora, load_lora_state_dict, lora_state_dict
 from .hf import tinygpt_config_to_hf
@@ -163,16 +163,6 @@ def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | 
         write_adapter_files(model, tmp, base=base, tokenizer=tokenizer, home=directory)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a readable JSON file: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
-
 def _check_peft_config(peft: dict[str, Any], path: Path) -> None:
     """``ValueError`` for the PEFT features tinygpt's LoRA does not have (each would change the function)."""
     if peft.get("peft_type", "LORA") != "LORA":
@@ -196,7 +186,7 @@ def read_adapter(directory: str | Path) -> Adapter:
     directory = Path(directory)
     if not is_adapter(directory):
         raise ValueError(f"{directory} is not a LoRA adapter: {CONFIG_FILE} is missing")
-    peft = _read_json(directory / CONFIG_FILE)
+    peft = read_json_object(directory / CONFIG_FILE)
     _check_peft_config(peft, directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
@@ -205,7 +195,7 @@ def read_adapter(directory: str | Path) -> Adapter:
         raw = load_file(str(weights))
     except Exception as err:  # SafetensorError is not a ValueError
         raise ValueError(f"{weights}: not a valid safetensors file: {err}") from None
-    ours = _read_json(directory / TINYGPT_FILE) if (directory / TINYGPT_FILE).is_file() else None
+    ours = read_json_object(directory / TINYGPT_FILE) if (directory / TINYGPT_FILE).is_file() else None
     state: dict[str, torch.Tensor] = {}
     targets: dict[int, set[str]] = {}
     by_hf = {hf: ours_name for ours_name, hf in GPT2_MODULES.items()}

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint_tokenizer, load_model, save_model
-from ..fileio import CHECKPOINT, HF_MODEL, check_save_target
+from ..fileio import CHECKPOINT, HF_MODEL, check_save_target, json_object_or_none
 from ..model import GPTModel
 from ..tokenizer import (HF_TOKENIZER_FILES, TOKENIZER_FILES, Tokenizer, gpt2_tokenizer, has_tokenizer_files,
                          tokenizer_from_dir)
@@ -28,12 +28,7 @@ GPT2_VOCAB_SIZE = 50257
 
 def is_tinygpt_checkpoint(directory: str | Path) -> bool:
     """True when ``directory/config.json`` is a tinygpt config (it has ``emb_dim``; GPT-2's has ``n_embd``)."""
-    path = Path(directory) / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and "emb_dim" in data
+    return "emb_dim" in (json_object_or_none(Path(directory) / CONFIG_FILE) or {})
 
 
 def load_pretrained(

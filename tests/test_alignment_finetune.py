@@ -1,5 +1,6 @@
-"""The fine-tuning loop's shared rules: one source of truth for batch_size / val_fraction / seed, the divergence
-refusal it shares with pretraining (and its one-line CLI report)."""
+"""Fine-tuning stages (``alignment.finetune``) in the one training loop (``training.loop``; there is no alignment
+loop of its own any more): one source of truth for batch_size / val_fraction / seed, the divergence refusal it
+shares with pretraining (and its one-line CLI report)."""
 
 import pytest
 import torch
