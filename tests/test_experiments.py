@@ -209,7 +209,7 @@ def test_cli_runs_an_experiment(tmp_path, capsys):
     assert main(["experiment", "layernorm", "--out", str(tmp_path), "--seed", "5"]) == 0
     out = capsys.readouterr().out
     assert "-0.707107" in out and (tmp_path / "layernorm.png").exists() and (tmp_path / "layernorm.json").exists()
-    assert set(EXPERIMENTS) == {"residual", "prepost", "activations", "layernorm", "attention", "anatomy"}
+    assert set(EXPERIMENTS) == {"residual", "prepost", "activations", "layernorm", "attention", "anatomy", "ladder"}
 
 
 def test_cli_attention_with_a_random_preset(tmp_path, capsys):

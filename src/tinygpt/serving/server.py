@@ -211,8 +211,10 @@ class _Server(uvicorn.Server):
 
 def _server(app: Any, options: ServeOptions) -> _Server:
     # limit_concurrency one above max_connections: _Protocol has made room (or refused) by the time a head arrives.
+    # loop="asyncio", not uvicorn's "auto" (uvloop when installed, as ray[serve] installs it): the accept-error
+    # handler and the write timeouts above are asyncio's, and uvloop reports running out of descriptors otherwise
     config = uvicorn.Config(
-        app, log_level=options.log_level, lifespan="on", http=_Protocol,
+        app, log_level=options.log_level, lifespan="on", http=_Protocol, loop="asyncio",
         timeout_graceful_shutdown=int(options.shutdown_timeout + ABORT_GRACE_SECONDS + 0.999),
         timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.max_connections + 1,
         h11_max_incomplete_event_size=options.max_header_bytes, backlog=ACCEPT_BACKLOG)
