@@ -41,9 +41,11 @@ def measure(run: Any) -> None:
     key, quick = keys[0], run.result["quick"]
     url, body = run.servers.running[key].url, run.servers.body(key)
     clients = QUICK_CLIENTS if quick else CLIENTS
-    new_tokens = 32 if quick else max(run.new_tokens, 128)  # room for a whole JSON answer
+    context = run.model.config.context_length
+    # room for a whole JSON answer, and at least 16 prompt tokens (a small model's context may hold 128 in all)
+    new_tokens = 32 if quick else min(max(run.new_tokens, 128), context - 16)
     schemas = random_schemas(SCHEMAS, seed=11)
-    room = run.model.config.context_length - new_tokens
+    room = context - new_tokens
     warm = body(_prompt(schemas[-1], run.tokenizer, room), 4)  # the server's first grammar builds its token table
     warm["response_format"] = {"type": "json_schema", "json_schema": {"name": "warm", "schema": schemas[-1]}}
     asyncio.run(load(url, [[warm]]))
