@@ -29,7 +29,8 @@ def _adapter(run_step) -> dict[str, torch.Tensor]:
     return load_file(run_step / "adapter_model.safetensors")
 
 
-@pytest.mark.parametrize("command,data", [("sft", INSTRUCTION_DATA), ("dpo", PREFERENCE_DATA)])
+@pytest.mark.parametrize("command,data", [("sft", INSTRUCTION_DATA), ("dpo", PREFERENCE_DATA),
+                                          ("reward", PREFERENCE_DATA)])
 def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(tmp_path, alignment_model_dir, capsys, command, data):
     flags = ("--lora-r", "4", "--lora-targets", "qkv", "out_proj", "ffn_out", "--max-steps", "4",
              "--eval-every", "2", "--keep-last", "4")
@@ -47,9 +48,17 @@ def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(tmp_path, alignmen
         a, b = _adapter(tmp_path / "a" / name), _adapter(tmp_path / "b" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(float(t.abs().max()) > 0 for k, t in a.items() if "lora_B" in k)  # it trained
+    if command == "reward":  # the head, trained whole, beside the adapter: PEFT's modules_to_save
+        assert a["base_model.model.score.weight"].shape == (1, 32)
+        assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["modules_to_save"] == ["score"]
+        ours = json.loads((tmp_path / "a" / "tinygpt_adapter.json").read_text())
+        assert ours["reward_head"]["bias"] == 0.0  # frozen (Bradley-Terry has no use for it): GPT-2 has none
+        assert not {"model.safetensors", "reward_head.safetensors"} & {p.name for p in (tmp_path / "a").iterdir()}
     metrics = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     straight = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in metrics] == [r["loss"] for r in straight]
+    if command == "reward":
+        return
     # the run folder is a model to run (chat, generate): the base with the adapter merged in
     model, tokenizer = load_pretrained(tmp_path / "a")
     assert type(model) is GPTModel and tokenizer.chat_template.source == ALPACA_CHAT_TEMPLATE  # it chats
@@ -98,8 +107,9 @@ def test_dpo_with_lora_holds_one_base_and_its_reference_is_the_base(alignment_to
 def test_reward_and_ppo_train_with_qlora_from_the_cli(tmp_path, alignment_model_dir, capsys):
     qlora = ("--lora-r", "4", "--quantize", "nf4", "--max-steps", "2")
     assert _run("reward", alignment_model_dir, PREFERENCE_DATA, tmp_path / "rm", *qlora) == 0
-    reward_model, _ = load_reward_model(tmp_path / "rm")  # exported merged: a whole reward model
+    reward_model, _ = load_reward_model(tmp_path / "rm")  # the adapter and head, on the base it names, merged
     assert type(reward_model.trunk) is GPTModel
+    assert "model.safetensors" not in {p.name for p in (tmp_path / "rm").iterdir()}
     step = tmp_path / "rm" / "step-2"
     assert "model.safetensors" not in {p.name for p in step.iterdir()}
     state = torch.load(step / "training_state.pt", weights_only=True)

@@ -8,6 +8,14 @@ sigmoid(r_chosen - r_rejected), so the loss is -log sigmoid(r_chosen - r_rejecte
 Saved as a directory: the trunk as an ordinary tinygpt checkpoint (``save_model``) plus ``reward_head.safetensors``
 (``weight`` [1, D], ``bias`` [1]); ``save_reward_model`` writes it all atomically. ``load_reward_model`` also reads
 a ``step-N/`` folder of a reward run, whose head lives in the training state.
+
+With LoRA (``tinygpt reward --lora-r``) only what trained is saved: the adapter in PEFT's format, naming its base
+(``interop.peft``), with the head as PEFT saves a sequence-classification head it trains whole (``task_type``
+SEQ_CLS, ``modules_to_save: ["score"]``, ``base_model.model.score.weight`` [1, D]) -- Hugging Face's
+``GPT2ForSequenceClassification`` reads the same final-normed hidden state at the last token through ``score``.
+Its ``score`` has no bias, so the head's bias goes into ``tinygpt_adapter.json`` (``reward_head.bias``); the
+Bradley-Terry loss has no use for it (it cancels in r_chosen - r_rejected), so ``RewardStage`` freezes it at its
+initial 0 and the scores PEFT computes from a trained head equal tinygpt's.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from .finetune import SupervisedStage, adapt, load_start_model
 from .options import FinetuneOptions
 
 HEAD_FILE = "reward_head.safetensors"
+SCORE_WEIGHT = "score.weight"  # the head's weight in an adapter folder, as GPT2ForSequenceClassification names it
 
 
 @dataclass(frozen=True)
@@ -97,13 +106,27 @@ def _head_state(head: nn.Linear) -> dict[str, torch.Tensor]:
     return {"weight": head.weight.detach().cpu().contiguous(), "bias": head.bias.detach().cpu().contiguous()}
 
 
+def _adapter_head(head: nn.Linear) -> dict[str, Any]:
+    """The head as ``interop.peft.save_adapter`` stores it: its weight as PEFT's ``modules_to_save`` (``score``),
+    its bias (which GPT-2's ``score`` lacks) in tinygpt_adapter.json."""
+    return {"modules": {SCORE_WEIGHT: head.weight.detach().float().cpu().contiguous()},
+            "extra": {"reward_head": {"bias": float(head.bias.detach().float().cpu()[0])}}}
+
+
 def save_reward_model(model: RewardModel, directory: str | Path, tokenizer: Tokenizer | None = None, *,
                       overwrite: bool = False) -> None:
     """Trunk (a checkpoint's files) + ``reward_head.safetensors``, saved as ``save_model`` saves (``fileio.save_into``:
-    each file atomically, other files kept, a folder of another kind refused unless ``overwrite``)."""
+    each file atomically, other files kept, a folder of another kind refused unless ``overwrite``). A trunk with
+    LoRA adapters is saved as its adapter and the head (PEFT's format, naming its base: the module docstring)."""
     from safetensors.torch import save_file
 
     from ..tokenizer import TOKENIZER_FILES
+
+    if is_adapted(model.trunk):
+        from ..interop.peft import save_adapter
+
+        save_adapter(model.trunk, directory, overwrite=overwrite, tokenizer=tokenizer, **_adapter_head(model.head))
+        return
 
     with save_into(directory, REWARD_MODEL, overwrite=overwrite, replaces=TOKENIZER_FILES,
                    what="output folder") as tmp:
@@ -124,12 +147,32 @@ def _head_from_state(state: dict[str, torch.Tensor], emb_dim: int, source: Path)
 
 def load_reward_model(directory: str | Path, *, device: str | torch.device = "cpu"
                       ) -> tuple[RewardModel, Tokenizer | None]:
-    """(reward model in eval mode, its tokenizer) from a reward directory or a reward run's ``step-N/`` folder."""
+    """(reward model in eval mode, its tokenizer) from a reward directory or a reward run's ``step-N/`` folder; a
+    LoRA one (an adapter with its head) is its base with the adapter merged in."""
     from safetensors.torch import load_file
 
+    from ..interop.peft import WEIGHTS_FILE, is_adapter, read_adapter
     from ..training.checkpointing import STATE_FILE, load_training_state
 
     directory = Path(directory)
+    if is_adapter(directory):
+        from ..interop.pretrained import load_pretrained
+
+        adapter = read_adapter(directory)
+        trunk, tokenizer = load_pretrained(directory, device=device)  # the base it names, the adapter merged in
+        if SCORE_WEIGHT in adapter.modules:
+            bias = float(adapter.extra.get("reward_head", {}).get("bias", 0.0))
+            head = _head_from_state({"weight": adapter.modules[SCORE_WEIGHT], "bias": torch.tensor([bias])},
+                                    trunk.config.emb_dim, directory / WEIGHTS_FILE)
+        elif (directory / STATE_FILE).is_file():  # a LoRA reward run's step-N/: the head is in the training state
+            heads = load_training_state(directory).get("heads", {})
+            head = _head_from_state({k.removeprefix("reward."): v for k, v in heads.items()}, trunk.config.emb_dim,
+                                    directory / STATE_FILE)
+        else:
+            raise ValueError(f"{directory} is a LoRA adapter without a reward head ({SCORE_WEIGHT} in "
+                             f"modules_to_save): train one with tinygpt reward --lora-r")
+        head = head.to(device=device, dtype=next(trunk.parameters()).dtype)
+        return RewardModel(trunk, head).eval(), tokenizer
     trunk = load_model(directory, device=device)
     if (directory / HEAD_FILE).is_file():
         head = _head_from_state(load_file(str(directory / HEAD_FILE)), trunk.config.emb_dim, directory / HEAD_FILE)
@@ -153,6 +196,9 @@ class RewardStage(SupervisedStage):
                  batch_size: int = 8, val_fraction: float = 0.1, seed: int = DEFAULT_SEED, source: str = "data") -> None:
         self.model = model
         self.policy, self.tokenizer = model.trunk, tokenizer
+        # The bias cancels in r_chosen - r_rejected: its gradient is zero but for rounding, which Adam would blow up
+        # into steps of the learning rate. Frozen, it stays 0, as GPT-2's bias-less score head (PEFT) holds it.
+        model.head.bias.requires_grad_(False)
         self.heads = nn.ModuleDict({"reward": model.head})
         self.pad_id = end_of_text_id(tokenizer)
         pairs = encode_preferences(tokenizer, examples, model.trunk.config.context_length, source, whole=True)
@@ -170,23 +216,23 @@ class RewardStage(SupervisedStage):
                       "margin": float(margin.mean())}
 
     def export(self, model: GPTModel, run_dir: Path) -> None:
-        """The head first, then the trunk's files (each replaced atomically, config last)."""
+        """The head first, then the trunk's files (each replaced atomically, config last); with LoRA the adapter
+        and the head alone, in PEFT's format (the module docstring), naming the base."""
         from safetensors.torch import save_file
 
-        atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
-        if is_adapted(model):  # a LoRA-trained trunk is exported merged: a whole reward model, as PPO reads it
-            from ..lora import merged_model
-            from ..training.checkpointing import export_model_files
+        if is_adapted(model):
+            from ..interop.peft import save_adapter
 
-            export_model_files(merged_model(model), self.tokenizer, run_dir)
+            save_adapter(model, run_dir, tokenizer=self.tokenizer, **_adapter_head(self.model.head))
             return
+        atomic_write_with(Path(run_dir) / HEAD_FILE, lambda tmp: save_file(_head_state(self.model.head), str(tmp)))
         super().export(model, run_dir)
 
 
 def train_reward_model(model: str | Path, data: str | Path, options: FinetuneOptions, *, limit: int | None = None,
                        tokenizer_dir: str | Path | None = None, lora: Any = None) -> TrainingResult:
     """``tinygpt reward``: a reward model from the GPT at ``model`` trained on the preference file ``data``;
-    ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole) and is exported merged."""
+    ``lora`` (a ``LoRAConfig``): the trunk trains adapters (the head trains whole); the run saves both alone."""
     options.check()
     examples = load_preference_data(data, limit)
     trunk, tokenizer = load_start_model(model, options.device, tokenizer_dir, lora=lora)

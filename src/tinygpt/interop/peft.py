@@ -18,6 +18,9 @@ The base is referenced, not copied: ``base_model_name_or_path`` is the folder or
 local folder relative to the adapter's own folder, so the two can move together; ``resolve_base`` reads it back).
 A fine-tuning run saves its tokenizer beside the adapter, as trl does: its ``tokenizer_config.json`` carries the
 chat template the adapter was trained in, which the base does not have (``interop.pretrained.load_adapted``).
+A reward model's scalar head, trained whole beside the adapter, is saved as PEFT saves a sequence-classification
+head (``task_type`` SEQ_CLS, ``modules_to_save: ["score"]``, ``base_model.model.score.weight``) and read back into
+``Adapter.modules``; any other ``modules_to_save`` is refused.
 A wrong or unknown tensor name is a ``ValueError`` here, never an adapter silently left at its initial value (which
 is what peft does with a name it does not expect).
 """
@@ -28,7 +31,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ PREFIX = "base_model.model."
 GPT2_MODULES = {"qkv": "attn.c_attn", "out_proj": "attn.c_proj", "ffn_in": "mlp.c_fc", "ffn_out": "mlp.c_proj"}
 _MODULE_PATHS = {"qkv": "att.qkv", "out_proj": "att.out_proj", "ffn_in": "ff.layers.0", "ffn_out": "ff.layers.2"}
 _OURS = re.compile(r"trf_blocks\.(\d+)\.(.+)\.lora_([AB])\.(\w+)")
+SEQ_CLS_MODULES = ("classifier", "score")  # PEFT's modules_to_save for task_type SEQ_CLS; GPT-2's head is score
 _GPT2_KEY = re.compile(r"base_model\.model\.transformer\.h\.(\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)"
                        r"\.lora_([AB])\.weight")
 
@@ -61,6 +65,8 @@ class Adapter:
     state: dict[str, torch.Tensor]
     base: str | None
     model_config: GPTConfig | None
+    modules: dict[str, torch.Tensor] = field(default_factory=dict)  # modules_to_save's tensors: {"score.weight": ..}
+    extra: dict[str, Any] = field(default_factory=dict)  # tinygpt_adapter.json's other keys (a reward head's bias)
 
 
 def is_adapter(directory: str | Path) -> bool:
@@ -84,9 +90,13 @@ def _to_peft_name(name: str, gpt2: bool) -> str:
     return f"{PREFIX}{name}.weight"
 
 
-def _adapter_files(model: nn.Module, base: str | Path | None
+def _adapter_files(model: nn.Module, base: str | Path | None, modules: dict[str, torch.Tensor] | None = None,
+                   extra: dict[str, Any] | None = None
                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """(tensors by PEFT's names, adapter_config.json, tinygpt_adapter.json) of ``model``'s adapters."""
+    """(tensors by PEFT's names, adapter_config.json, tinygpt_adapter.json) of ``model``'s adapters; ``modules``:
+    the tensors of a sequence-classification head trained whole (``{"score.weight": [1, D]}``), saved as PEFT saves
+    ``modules_to_save`` (``base_model.model.score.weight``, ``task_type`` SEQ_CLS); ``extra``: more keys for
+    tinygpt_adapter.json."""
     config: LoRAConfig | None = getattr(model, "lora_config", None)
     if config is None:
         raise ValueError("the model has no LoRA adapters (apply_lora first)")
@@ -103,7 +113,14 @@ def _adapter_files(model: nn.Module, base: str | Path | None
         "init_lora_weights": True, "inference_mode": True, "rank_pattern": {}, "alpha_pattern": {},
         "layers_to_transform": None, "layers_pattern": None, "revision": None,
     }
-    ours = {"lora": config.to_dict(), "model_config": json.loads(model.config.to_json())}
+    if modules:
+        names = sorted({key.split(".", 1)[0] for key in modules})
+        if not set(names) <= set(SEQ_CLS_MODULES):
+            raise ValueError(f"modules_to_save {names} are not supported (only a sequence-classification head: "
+                             f"{list(SEQ_CLS_MODULES)})")
+        state.update({PREFIX + key: t.detach().to("cpu").contiguous() for key, t in modules.items()})
+        peft_config.update(task_type="SEQ_CLS", modules_to_save=names)
+    ours = {"lora": config.to_dict(), "model_config": json.loads(model.config.to_json()), **(extra or {})}
     return state, peft_config, ours
 
 
@@ -133,14 +150,17 @@ def resolve_base(recorded: str | None, directory: str | Path) -> str | None:
 
 
 def write_adapter_files(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
-                        tokenizer: Tokenizer | None = None, home: str | Path | None = None) -> None:
+                        tokenizer: Tokenizer | None = None, home: str | Path | None = None,
+                        modules: dict[str, torch.Tensor] | None = None, extra: dict[str, Any] | None = None) -> None:
     """Write the adapter's files (and ``tokenizer``'s, with its chat template) into ``directory``, a folder the
     caller stages (a training run's ``step-N/``); ``home``: the folder the files end up in (default
-    ``directory``), from which the base is named (``portable_base``). ``save_adapter`` is the user-facing save."""
+    ``directory``), from which the base is named (``portable_base``); ``modules``, ``extra``: as ``_adapter_files``
+    says (a reward model's head). ``save_adapter`` is the user-facing save."""
     from safetensors.torch import save_file
 
     base = base if base is not None else getattr(model, "lora_base", None)
-    state, peft_config, ours = _adapter_files(model, portable_base(base, home if home is not None else directory))
+    state, peft_config, ours = _adapter_files(model, portable_base(base, home if home is not None else directory),
+                                              modules, extra)
     directory = Path(directory)
     if tokenizer is not None:
         tokenizer.save(directory)
@@ -150,17 +170,18 @@ def write_adapter_files(model: nn.Module, directory: str | Path, *, base: str | 
 
 
 def save_adapter(model: nn.Module, directory: str | Path, *, base: str | Path | None = None,
-                 overwrite: bool = False, tokenizer: Tokenizer | None = None) -> None:
+                 overwrite: bool = False, tokenizer: Tokenizer | None = None,
+                 modules: dict[str, torch.Tensor] | None = None, extra: dict[str, Any] | None = None) -> None:
     """Write the adapters of ``model`` (made by ``apply_lora``) into ``directory`` in PEFT's format; ``base``: the
     folder or hub name of the base model (default: the one ``adapt`` recorded), written as
     ``base_model_name_or_path`` (a local folder relative to ``directory``: ``portable_base``); ``tokenizer`` (with
-    the chat template the adapter was trained in) is saved beside it. Saved through ``fileio.save_into``
-    (``adapter_config.json`` last; other files kept)."""
-    state, _, _ = _adapter_files(model, base)  # errors before anything is created
+    the chat template the adapter was trained in) is saved beside it; ``modules``, ``extra``: a head trained whole
+    (``_adapter_files``). Saved through ``fileio.save_into`` (``adapter_config.json`` last; other files kept)."""
+    state, _, _ = _adapter_files(model, base, modules, extra)  # errors before anything is created
     needed = sum(t.numel() * t.element_size() for t in state.values())
     with save_into(directory, ADAPTER, overwrite=overwrite, needed_bytes=needed, what="output folder",
                    replaces=TOKENIZER_FILES if tokenizer is not None else ()) as tmp:
-        write_adapter_files(model, tmp, base=base, tokenizer=tokenizer, home=directory)
+        write_adapter_files(model, tmp, base=base, tokenizer=tokenizer, home=directory, modules=modules, extra=extra)
 
 
 def _check_peft_config(peft: dict[str, Any], path: Path) -> None:
@@ -175,8 +196,10 @@ def _check_peft_config(peft: dict[str, Any], path: Path) -> None:
             raise ValueError(f"{path}: a per-module {key} is not supported (one rank and alpha for all)")
     if peft.get("bias", "none") != "none" or peft.get("lora_bias"):
         raise ValueError(f"{path}: trained biases (bias={peft.get('bias')!r}) are not supported (bias='none')")
-    if peft.get("modules_to_save"):
-        raise ValueError(f"{path}: modules_to_save={peft['modules_to_save']!r} is not supported")
+    if peft.get("modules_to_save") and (peft.get("task_type") != "SEQ_CLS"
+                                        or not set(peft["modules_to_save"]) <= set(SEQ_CLS_MODULES)):
+        raise ValueError(f"{path}: modules_to_save={peft['modules_to_save']!r} is not supported (only a "
+                         f"sequence-classification head, task_type SEQ_CLS: {list(SEQ_CLS_MODULES)})")
 
 
 def read_adapter(directory: str | Path) -> Adapter:
@@ -197,10 +220,15 @@ def read_adapter(directory: str | Path) -> Adapter:
         raise ValueError(f"{weights}: not a valid safetensors file: {err}") from None
     ours = read_json_object(directory / TINYGPT_FILE) if (directory / TINYGPT_FILE).is_file() else None
     state: dict[str, torch.Tensor] = {}
+    modules: dict[str, torch.Tensor] = {}
     targets: dict[int, set[str]] = {}
     by_hf = {hf: ours_name for ours_name, hf in GPT2_MODULES.items()}
+    saved = tuple(f"{PREFIX}{m}." for m in peft.get("modules_to_save") or ())
     for key, tensor in raw.items():
         match = _GPT2_KEY.fullmatch(key)
+        if saved and key.startswith(saved):
+            modules[key[len(PREFIX):]] = tensor
+            continue
         if match:
             layer, module, ab = match.groups()
             target = by_hf[module]
@@ -228,7 +256,9 @@ def read_adapter(directory: str | Path) -> Adapter:
         order = [t for t in GPT2_MODULES if t in targets[0]]
         config = LoRAConfig(r=r, alpha=alpha, dropout=peft.get("lora_dropout", 0.0), targets=tuple(order))
         model_config = None
-    return Adapter(config, state, resolve_base(peft.get("base_model_name_or_path"), directory), model_config)
+    extra = {k: v for k, v in (ours or {}).items() if k not in ("lora", "model_config")}
+    return Adapter(config, state, resolve_base(peft.get("base_model_name_or_path"), directory), model_config,
+                   modules, extra)
 
 
 def load_adapter(model: nn.Module, directory: str | Path, *, quantize: str | None = None) -> nn.Module:
