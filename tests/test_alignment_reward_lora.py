@@ -100,3 +100,21 @@ def test_peft_loads_the_reward_adapter_and_head_onto_the_hf_base_with_the_same_s
     torch.testing.assert_close(theirs + 0.25, ours, rtol=1e-5, atol=1e-5)
     loaded, _ = load_reward_model(tmp_path / "rm")  # and tinygpt reads it back from the HF base it names
     torch.testing.assert_close(loaded.score(sequences, 0), ours, rtol=1e-5, atol=1e-5)
+
+
+def test_an_adapter_without_a_head_is_no_reward_model_and_other_modules_to_save_are_refused(tmp_path,
+                                                                                          alignment_model_dir):
+    from tinygpt import load_model
+    from tinygpt.interop.peft import read_adapter, save_adapter
+
+    model = _adapted_reward_model(load_model(alignment_model_dir), alignment_model_dir)
+    save_adapter(model.trunk, tmp_path / "sft-like")  # an SFT adapter: no score head
+    with pytest.raises(ValueError, match="without a reward head"):
+        load_reward_model(tmp_path / "sft-like")
+    with pytest.raises(ValueError, match="modules_to_save"):
+        save_adapter(model.trunk, tmp_path / "bad", modules={"lm_head.weight": torch.zeros(3, 32)})
+    save_reward_model(model, tmp_path / "rm")
+    config = json.loads((tmp_path / "rm" / "adapter_config.json").read_text())
+    (tmp_path / "rm" / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
+    with pytest.raises(ValueError, match="modules_to_save=\\['lm_head'\\] is not supported"):
+        read_adapter(tmp_path / "rm")
