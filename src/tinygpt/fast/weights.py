@@ -104,6 +104,19 @@ class Int8Linear(_InferenceLinear):
         self.register_buffer("qweight", q)  # [out, in] int8
         self.register_buffer("scale", scale)  # [out] float32
 
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        """The layer of already quantised weights: q [out, in] int8, scale [out] float32 (a GGUF read row by row,
+        ``interop.gguf_weights``), kept as given."""
+        if q.dtype != torch.int8 or q.dim() != 2 or tuple(scale.shape) != (q.shape[0],):
+            raise ValueError(f"Int8Linear.from_int8 takes q [out, in] int8 and scale [out]; got {q.dtype} "
+                             f"{tuple(q.shape)} and {tuple(scale.shape)}")
+        layer = cls.__new__(cls)
+        _InferenceLinear.__init__(layer, q.shape[1], q.shape[0], bias)
+        layer.register_buffer("qweight", q)
+        layer.register_buffer("scale", scale.float())
+        return layer
+
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""
         scale = self.scale.to(torch.bfloat16)  # the kernel applies the scale in its input's dtype

@@ -225,6 +225,7 @@ class GGUFContents:
     fields: dict[str, Any]
     shapes: dict[str, tuple[int, ...]]
     readers: dict[str, Callable[[], np.ndarray]]
+    entries: dict[str, Any] = dataclasses.field(default_factory=dict)  # gguf-py's ReaderTensor, for direct reads
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
@@ -254,7 +255,7 @@ def read_gguf(path: str | Path) -> GGUFContents:
             return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
 
         readers[tensor.name] = load
-    return GGUFContents(path, arch, fields, shapes, readers)
+    return GGUFContents(path, arch, fields, shapes, readers, {tensor.name: tensor for tensor in reader.tensors})
 
 
 def _float32(value: Any) -> float:
@@ -312,9 +313,11 @@ def _expected_gguf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in gguf_tensors(state, config).items()}
 
 
-def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None) -> GPTModel:
+def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None, weights: str = "float32"
+                    ) -> GPTModel:
     """The ``GPTModel`` of a parsed GGUF (dequantised to float32, or ``dtype``); every tensor name and shape is
-    checked against the config before any is read."""
+    checked against the config before any is read. ``weights`` ``bfloat16`` or ``int8``: the block linears and the
+    head read straight into ``fast.weights``' types, a few rows at a time (``interop.gguf_weights``)."""
     from ..checkpoint import check_names_and_shapes
 
     config = config_from_gguf(contents)
@@ -327,53 +330,61 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None)
         raise ValueError(f"{contents.path}: {CONFIG_KEY} describes a {gguf_architecture(config)} model, but the file "
                          f"is {contents.architecture}")
     check_names_and_shapes(contents.path, contents.shapes, _expected_gguf_shapes(config))
+    if weights != "float32":
+        from .gguf_weights import small_model_from_gguf
+
+        if dtype is not None:
+            raise ValueError(f"dtype={dtype} and weights={weights!r}: the small weight types take no dtype")
+        return small_model_from_gguf(contents, config, weights)
     tensors = {name: torch.from_numpy(read()) for name, read in contents.readers.items()}
     state = _tinygpt_state(tensors, config, contents.path)
     return model_from_state_dict(config, state, source=contents.path, dtype=dtype)
 
 
 def _tinygpt_state(t: dict[str, torch.Tensor], config: GPTConfig, source: Path) -> dict[str, torch.Tensor]:
-    """GGUF tensors -> a ``GPTModel`` state dict; the zero biases an export added for the gpt2 graph are dropped
-    (one that is not zero means the config does not describe the weights)."""
+    """GGUF tensors -> a ``GPTModel`` state dict (``t`` is consumed, so each tensor can be freed as soon as it is
+    used); the zero biases an export added for the gpt2 graph are dropped (one that is not zero means the config
+    does not describe the weights)."""
     def keep(name: str, ours: str, wanted: bool) -> Iterator[tuple[str, torch.Tensor]]:
         if wanted:
-            yield ours, t[name]
-        elif torch.count_nonzero(t[name]):
+            yield ours, t.pop(name)
+        elif torch.count_nonzero(t.pop(name)):
             raise ValueError(f"{source}: tensor {name!r} is not zero, but {CONFIG_KEY} has no such bias")
 
-    out = {"tok_emb.weight": t["token_embd.weight"], "final_norm.scale": t["output_norm.weight"]}
+    out = {"tok_emb.weight": t.pop("token_embd.weight"), "final_norm.scale": t.pop("output_norm.weight")}
     if "position_embd.weight" in t:
-        out["pos_emb.weight"] = t["position_embd.weight"]
+        out["pos_emb.weight"] = t.pop("position_embd.weight")
     if not config.tie_weights:
-        out["out_head.weight"] = t["output.weight"]
+        out["out_head.weight"] = t.pop("output.weight")
     if "output_norm.bias" in t:
         out.update(keep("output_norm.bias", "final_norm.shift", config.bias))
     for i in range(config.n_layers):
         ours, blk = f"trf_blocks.{i}.", f"blk.{i}."
-        out.update({ours + mine: t[blk + theirs] for theirs, mine in _BLOCK_NAMES.items()})
+        out.update({ours + mine: t.pop(blk + theirs) for theirs, mine in _BLOCK_NAMES.items()})
         if blk + "attn_qkv.weight" in t:
-            out[ours + "att.qkv.weight"] = t[blk + "attn_qkv.weight"]
-            out[ours + "ff.layers.0.weight"] = t[blk + "ffn_up.weight"]
+            out[ours + "att.qkv.weight"] = t.pop(blk + "attn_qkv.weight")
+            out[ours + "ff.layers.0.weight"] = t.pop(blk + "ffn_up.weight")
             for theirs, mine, switch in _GPT2_BIASES:
                 out.update(keep(blk + theirs, ours + mine, getattr(config, switch)))
         else:
-            q = _permute_rope(t[blk + "attn_q.weight"], config.n_heads, to_gguf=False)
-            k = _permute_rope(t[blk + "attn_k.weight"], config.kv_heads, to_gguf=False)
-            out[ours + "att.qkv.weight"] = torch.cat((q, k, t[blk + "attn_v.weight"]))
-            out[ours + "ff.layers.0.weight"] = torch.cat((t[blk + "ffn_gate.weight"], t[blk + "ffn_up.weight"]))
+            q = _permute_rope(t.pop(blk + "attn_q.weight"), config.n_heads, to_gguf=False)
+            k = _permute_rope(t.pop(blk + "attn_k.weight"), config.kv_heads, to_gguf=False)
+            out[ours + "att.qkv.weight"] = torch.cat((q, k, t.pop(blk + "attn_v.weight")))
+            gate, up = t.pop(blk + "ffn_gate.weight"), t.pop(blk + "ffn_up.weight")
+            out[ours + "ff.layers.0.weight"] = torch.cat((gate, up))
     return out
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None,
+def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, weights: str = "float32",
               warn: Callable[[str], None] = lambda message: None
               ) -> tuple[GPTModel, Tokenizer | None, str | None]:
-    """(model, tokenizer or None, chat template or None) of a GGUF file; ``warn`` says why a tokenizer is not
-    carried over. A GPT-2 vocabulary is rebuilt as its two files in a temporary folder that lives as long as the
-    tokenizer (saving it copies them)."""
+    """(model, tokenizer or None, chat template or None) of a GGUF file; ``weights``: as ``model_from_gguf``;
+    ``warn`` says why a tokenizer is not carried over. A GPT-2 vocabulary is rebuilt as its two files in a
+    temporary folder that lives as long as the tokenizer (saving it copies them)."""
     import tempfile
 
     contents = read_gguf(path)
-    model = model_from_gguf(contents, dtype=dtype)
+    model = model_from_gguf(contents, dtype=dtype, weights=weights)
     folder = tempfile.TemporaryDirectory(prefix="tinygpt-gguf-vocab-")
     tokenizer = tokenizer_from_metadata(contents.fields, Path(folder.name), warn)
     if tokenizer is not None:
