@@ -39,7 +39,7 @@ from ..config import GPTConfig
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .gguf_header import check_gguf_header
-from .gguf_vocab import KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
+from .gguf_vocab import EXTRA_ROWS_KEY, KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
 
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
 CONFIG_KEY = "tinygpt.config"
@@ -145,6 +145,19 @@ def quantize_tensor(name: str, data: np.ndarray, wanted: str) -> tuple[np.ndarra
         return gguf.quants.quantize(data, qtype), qtype
 
 
+def _with_extra_rows(tensors: dict[str, torch.Tensor], n_tokens: int, extra: int) -> dict[str, torch.Tensor]:
+    """``token_embd`` and ``output`` (when untied) with ``extra`` rows appended, each the mean of the first
+    ``n_tokens`` rows (the tokenizer's): the logit of such a row is the mean of the real tokens' logits, never above
+    their largest (``gguf_vocab``'s extra tokens)."""
+    out = {}
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors:
+            rows = tensors[name]
+            mean = rows[:n_tokens].double().mean(dim=0).to(rows.dtype)  # [emb_dim]
+            out[name] = torch.cat((rows, mean.expand(extra, -1)))
+    return out
+
+
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}
 
 
@@ -162,6 +175,9 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
     arch = gguf_architecture(config)
     vocab = tokenizer_metadata(tokenizer, config.vocab_size) if tokenizer is not None else None
     tensors = gguf_tensors(model.state_dict(), config)
+    extra = vocab["extra_rows"] if vocab is not None else 0
+    if extra:
+        tensors.update(_with_extra_rows(tensors, tokenizer.vocab_size, extra))
 
     def write(tmp: Path) -> None:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -180,7 +196,7 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
             writer.add_rope_dimension_count(config.head_dim)
             writer.add_key_length(config.head_dim)
             writer.add_value_length(config.head_dim)
-            writer.add_vocab_size(config.vocab_size)
+            writer.add_vocab_size(config.vocab_size + extra)
         writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[type]))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama.cpp's converter writes it at every type
         writer.add_string(CONFIG_KEY, config.to_json())
@@ -195,6 +211,8 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
                 writer.add_eos_token_id(vocab["eos_token_id"])
             writer.add_add_bos_token(False)  # GPT-2 adds no token at the start of a text
             writer.add_string(KIND_KEY, vocab["kind"])
+            if extra:
+                writer.add_uint32(EXTRA_ROWS_KEY, extra)
         if chat_template is not None:
             writer.add_chat_template(chat_template)
         for tensor_name, tensor in tensors.items():
@@ -313,6 +331,24 @@ def _expected_gguf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in gguf_tensors(state, config).items()}
 
 
+def _without_extra_rows(contents: GGUFContents) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes, less the rows a character vocabulary's extra tokens added (``tinygpt.extra_rows``)."""
+    extra = int(contents.fields.get(EXTRA_ROWS_KEY, 0))
+    shapes = dict(contents.shapes)
+    for name in ("token_embd.weight", "output.weight"):
+        if extra and name in shapes:
+            shapes[name] = (shapes[name][0] - extra, *shapes[name][1:])
+    return shapes
+
+
+def drop_extra_rows(tensors: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """``tensors`` with ``token_embd`` and ``output`` cut back to the model's ``vocab_size`` rows (in place)."""
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors and tensors[name].shape[0] > vocab_size:
+            tensors[name] = tensors[name][:vocab_size].clone()
+    return tensors
+
+
 def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None, weights: str = "float32"
                     ) -> GPTModel:
     """The ``GPTModel`` of a parsed GGUF (dequantised to float32, or ``dtype``); every tensor name and shape is
@@ -329,7 +365,7 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None,
     if gguf_architecture(config) != contents.architecture:
         raise ValueError(f"{contents.path}: {CONFIG_KEY} describes a {gguf_architecture(config)} model, but the file "
                          f"is {contents.architecture}")
-    check_names_and_shapes(contents.path, contents.shapes, _expected_gguf_shapes(config))
+    check_names_and_shapes(contents.path, _without_extra_rows(contents), _expected_gguf_shapes(config))
     if weights != "float32":
         from .gguf_weights import small_model_from_gguf
 
@@ -337,7 +373,7 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None,
             raise ValueError(f"dtype={dtype} and weights={weights!r}: the small weight types take no dtype")
         return small_model_from_gguf(contents, config, weights)
     tensors = {name: torch.from_numpy(read()) for name, read in contents.readers.items()}
-    state = _tinygpt_state(tensors, config, contents.path)
+    state = _tinygpt_state(drop_extra_rows(tensors, config.vocab_size), config, contents.path)
     return model_from_state_dict(config, state, source=contents.path, dtype=dtype)
 
 

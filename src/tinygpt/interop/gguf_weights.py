@@ -111,7 +111,7 @@ def small_model_from_gguf(contents: Any, config: Any, weight_type: str) -> Any:
     from ..checkpoint import _tie_and_check
     from ..model import GPTModel
     from ..quantize import block_linears, replace_linear
-    from .gguf import _tinygpt_state
+    from .gguf import _tinygpt_state, drop_extra_rows
 
     check_weight_type(weight_type)
     if weight_type == "float32":
@@ -130,9 +130,9 @@ def small_model_from_gguf(contents: Any, config: Any, weight_type: str) -> Any:
         os.close(fd)
     # The same renaming, permutation and concatenation as the float32 load, once on the stored weights and (int8)
     # once on their per-row scales, which follow the rows.
-    state = _tinygpt_state(stored, config, contents.path)
+    state = _tinygpt_state(drop_extra_rows(stored, config.vocab_size), config, contents.path)
     if weight_type == "int8":
-        scales = _tinygpt_state(scales, config, contents.path)
+        scales = _tinygpt_state(drop_extra_rows(scales, config.vocab_size), config, contents.path)
     with torch.device("meta"):
         model = GPTModel(config)
     linears = block_linears(model) + ([] if config.tie_weights else ["out_head"])
