@@ -41,12 +41,12 @@ def _raw_rows(fd: int, tensor: Any, start: int, stop: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(stop - start, row_bytes)
 
 
-def float_rows(fd: int, tensor: Any) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, float32 rows [n, cols]) of a 2-D GGUF tensor, a chunk at a time, as ``gguf.quants.dequantize``
-    gives them."""
+def float_rows(fd: int, tensor: Any, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, float32 rows [n, cols]) of a 2-D GGUF tensor's first ``rows`` rows (all by default), a chunk at
+    a time, as ``gguf.quants.dequantize`` gives them."""
     from gguf import GGMLQuantizationType, quants
 
-    rows, cols = int(tensor.shape[-1]), int(tensor.shape[0])
+    rows, cols = int(tensor.shape[-1]) if rows is None else rows, int(tensor.shape[0])
     step = max(1, CHUNK_BYTES // (4 * cols))
     kind = GGMLQuantizationType(tensor.tensor_type)
     view = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(kind)
@@ -56,9 +56,11 @@ def float_rows(fd: int, tensor: Any) -> Iterator[tuple[int, np.ndarray]]:
         yield start, np.array(values, dtype=np.float32).reshape(-1, cols)  # a copy: writable, the buffer freed
 
 
-def read_float32(fd: int, tensor: Any) -> torch.Tensor:
-    """A whole GGUF tensor (any dimensions) as float32, shaped slowest dimension first."""
+def read_float32(fd: int, tensor: Any, rows: int | None = None) -> torch.Tensor:
+    """A GGUF tensor (any dimensions; of a 2-D one, the first ``rows`` rows) as float32, slowest dimension first."""
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    if rows is not None:
+        shape = (rows, *shape[1:])
     if len(shape) == 1:
         from gguf import GGMLQuantizationType, quants
 
@@ -67,22 +69,23 @@ def read_float32(fd: int, tensor: Any) -> torch.Tensor:
         view = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(kind, np.uint8)
         return torch.from_numpy(np.array(quants.dequantize(np.frombuffer(raw, view), kind), np.float32))
     out = torch.empty(shape, dtype=torch.float32)
-    for start, values in float_rows(fd, tensor):
+    for start, values in float_rows(fd, tensor, shape[0]):
         out[start:start + len(values)] = torch.from_numpy(values)
     return out
 
 
-def read_small(fd: int, tensor: Any, weight_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear's weight [out, in] in ``weight_type``'s stored form: (bf16 weight, None) or (int8 q, float32
-    per-row scale), built chunk by chunk (no float32 copy of the tensor)."""
-    rows, cols = int(tensor.shape[-1]), int(tensor.shape[0])
+def read_small(fd: int, tensor: Any, weight_type: str, rows: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear's weight [out, in] (its first ``rows`` rows) in ``weight_type``'s stored form: (bf16 weight, None)
+    or (int8 q, float32 per-row scale), built chunk by chunk (no float32 copy of the tensor)."""
+    rows, cols = int(tensor.shape[-1]) if rows is None else rows, int(tensor.shape[0])
     if weight_type == "bfloat16":
         out = torch.empty(rows, cols, dtype=torch.bfloat16)
-        for start, values in float_rows(fd, tensor):
+        for start, values in float_rows(fd, tensor, rows):
             out[start:start + len(values)] = torch.from_numpy(values)  # one rounding, float32 -> bf16
         return out, None
     q, scale = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows)
-    for start, values in float_rows(fd, tensor):
+    for start, values in float_rows(fd, tensor, rows):
         q[start:start + len(values)], scale[start:start + len(values)] = quantize_int8(torch.from_numpy(values))
     return q, scale
 
@@ -108,50 +111,52 @@ def is_linear_weight(name: str) -> bool:
 def small_model_from_gguf(contents: Any, config: Any, weight_type: str) -> Any:
     """The ``GPTModel`` of a parsed, checked GGUF (``gguf.model_from_gguf``) with its block linears and head in
     ``weight_type`` (bfloat16 or int8), read as the module docstring says."""
-    from ..checkpoint import _tie_and_check
     from ..model import GPTModel
     from ..quantize import block_linears, replace_linear
-    from .gguf import _tinygpt_state, drop_extra_rows
+    from .gguf import _tinygpt_state
 
     check_weight_type(weight_type)
     if weight_type == "float32":
         raise ValueError("small_model_from_gguf builds bfloat16 or int8 linears; float32 is model_from_gguf's")
+    vocab = config.vocab_size  # the file may hold more rows: a character vocabulary's extra tokens (gguf_vocab)
     fd = os.open(contents.path, os.O_RDONLY)
     try:
-        stored: dict[str, torch.Tensor] = {}
-        scales: dict[str, torch.Tensor] = {}
+        # The head first, while little else is held: packing it for oneDNN briefly needs two copies of the largest
+        # matrix. A tied head is read from token_embd's stored values, as convert_weights rounds the embedding.
+        head_name = "token_embd.weight" if config.tie_weights else "output.weight"
+        weight, scale = read_small(fd, contents.entries[head_name], weight_type, vocab)
+        head = make_linear(weight_type, weight, scale, None)
+        del weight
+        stored: dict[str, torch.Tensor] = {"output.weight": torch.empty(0)} if not config.tie_weights else {}
+        scales: dict[str, torch.Tensor] = dict(stored)
         for name, tensor in contents.entries.items():
+            if name == "output.weight":
+                continue
             if is_linear_weight(name):
                 stored[name], scale = read_small(fd, tensor, weight_type)
                 scales[name] = scale if scale is not None else torch.empty(0)
             else:
-                stored[name] = scales[name] = read_float32(fd, tensor)
+                rows = vocab if name == "token_embd.weight" else None
+                stored[name] = scales[name] = read_float32(fd, tensor, rows)
     finally:
         os.close(fd)
     # The same renaming, permutation and concatenation as the float32 load, once on the stored weights and (int8)
     # once on their per-row scales, which follow the rows.
-    state = _tinygpt_state(drop_extra_rows(stored, config.vocab_size), config, contents.path)
+    state = _tinygpt_state(stored, config, contents.path)
     if weight_type == "int8":
-        scales = _tinygpt_state(drop_extra_rows(scales, config.vocab_size), config, contents.path)
+        scales = _tinygpt_state(scales, config, contents.path)
+    state.pop("out_head.weight", None)  # a placeholder: the head is built
     with torch.device("meta"):
         model = GPTModel(config)
-    linears = block_linears(model) + ([] if config.tie_weights else ["out_head"])
-    for module in linears:
+    for module in block_linears(model):
         weight = state.pop(f"{module}.weight")
         bias = state.pop(f"{module}.bias", None)
         replace_linear(model, module, make_linear(weight_type, weight, scales.get(f"{module}.weight"), bias))
         del weight  # a bf16 weight's unpacked copy is freed as soon as oneDNN has packed it
-    if config.tie_weights:
-        state["out_head.weight"] = state["tok_emb.weight"]
+    model.out_head = head  # its own weights, tied or not (as convert_weights gives a tied head)
     model.load_state_dict(state, strict=False, assign=True)
-    model = _tie_and_check(model, config)
-    if config.tie_weights:  # the head gets its own small copy of the float32 embedding, as convert_weights gives it
-        model.out_head = make_linear(weight_type, *_small_copy(model.tok_emb.weight, weight_type), None)
+    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if still_meta:
+        raise RuntimeError(f"{contents.path}: the direct load left tensors on the meta device: {still_meta}")
     model.weight_type = weight_type
     return model.eval()
-
-
-def _small_copy(weight: torch.Tensor, weight_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if weight_type == "bfloat16":
-        return weight.detach().to(torch.bfloat16), None
-    return quantize_int8(weight)
