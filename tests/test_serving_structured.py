@@ -18,7 +18,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from serving_support import live_server, tiny_model, tokenizer, wait_until
+from serving_support import live_server, offline, tiny_model, tokenizer, wait_until
 from tinygpt import generate
 from tinygpt.inference.grammar import compile_grammar
 from tinygpt.serving.embeddings import embed
@@ -218,6 +218,50 @@ def test_embeddings_float_and_base64_batched_equal_one_at_a_time(server):
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == server.app.state.tinygpt.model.config.emb_dim
     r = http.post("/v1/embeddings", json={"input": "x", "pooling": "max"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "pooling"
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_an_embedding_prefilled_in_chunks_equals_it_unchunked_and_the_plain_forward(pooling):
+    model = tiny_model(context_length=64)
+    inputs = [list(range(3, 53)), [7, 8, 9], list(range(100, 137))]  # 50 and 37 tokens: chunks of 8
+    whole = embed(model, inputs, pooling, normalize=False)
+    chunked = embed(model, inputs, pooling, normalize=False, max_rows=2, token_budget=8)
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        for i, ids in enumerate(inputs):
+            states = model.hidden_states(torch.tensor([ids]))[0]  # [T, D]
+            want = states.mean(0) if pooling == "mean" else states[-1]
+            torch.testing.assert_close(whole[i], want, atol=1e-5, rtol=0)
+
+
+def test_embeddings_batched_with_streams_leave_their_greedy_tokens_as_offline_generate(server):
+    state = server.app.state.tinygpt
+    before = _metrics(server)["vllm:prompt_tokens_total{}"]
+    prompts = [f"Stream number {i} tells a story about" for i in range(3)]
+    inputs = [" ".join(["embedding", "row", str(i)] * 8) for i in range(6)]  # ~110 tokens: chunked beside decodes
+    texts: dict[int, str] = {}
+    got: dict[str, list] = {}
+
+    def stream(i: int) -> None:
+        body = {"prompt": prompts[i], "max_tokens": 40, "temperature": 0, "stream": True}
+        lines = _http(server).post("/v1/completions", json=body).text.splitlines()
+        texts[i] = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+
+    def embeddings() -> None:
+        got["data"] = _http(server).post("/v1/embeddings", json={"input": inputs, "normalize": False}).json()["data"]
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=embeddings)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, prompt in enumerate(prompts):
+        assert texts[i] == tokenizer().decode(offline(state.model, tokenizer().encode(prompt), 40))
+    ids = [tokenizer().encode(text) for text in inputs]
+    want = embed(state.model, ids, normalize=False)
+    torch.testing.assert_close(torch.tensor([d["embedding"] for d in got["data"]]), want, atol=1e-5, rtol=0)
+    counted = _metrics(server)["vllm:prompt_tokens_total{}"] - before
+    assert counted == sum(len(one) for one in ids) + sum(len(tokenizer().encode(p)) for p in prompts)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])

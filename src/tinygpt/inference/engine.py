@@ -4,7 +4,7 @@ Each ``step`` is three parts, as nano-vllm's: *schedule* (the context policy for
 call to the ``drafting.Drafter`` for the running rows' drafts when speculative decoding is on, the scheduler's
 plan), *run* (one forward; if the batched forward raises, each planned row is run alone once, so only the rows that
 fail alone fail) and *postprocess* (each row on its own: its drawn token, under its constraint's mask and followed
-by the tokens it forces, its verified drafts, or its score; a row that raises finishes alone with reason "error",
+by the tokens it forces, its verified drafts, its score, or its pooled hidden states; a row that raises finishes alone with reason "error",
 ``Row.error`` saying why). Finished, failed and cancelled rows give their blocks back before the next step.
 
 ``tinygpt.generate`` (a batch of prompts), ``serving.engine.EngineThread`` (a thread and request adapter) and the
@@ -30,6 +30,7 @@ from .drafting import Drafter, DraftModels, Proposer, check_draft_model
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
+POOLINGS = ("mean", "last")  # an embedding row's pooling of its final hidden states (``Row.pooling``)
 
 
 @dataclass
@@ -103,7 +104,13 @@ class InferenceEngine:
     def add(self, row: Row) -> Row:
         """Queue a row (checked here: its ids, its fit in the cache and the context); ``ValueError`` if bad."""
         v, c = self.config.vocab_size, self.context
-        if row.config is None:
+        if row.pooling is not None:
+            if row.config is not None or row.pooling not in POOLINGS or not 1 <= len(row.tokens) <= c:
+                raise ValueError(f"an embedding row needs no config, a pooling in {POOLINGS} (got "
+                                 f"{row.pooling!r}) and 1 <= tokens={len(row.tokens)} <= context_length={c}")
+            need = len(row.tokens)
+            row.reuse = row.reuse and self.prefix_reuse
+        elif row.config is None:
             if not 1 <= row.scored <= len(row.tokens) - 1 or len(row.tokens) - 1 > c:
                 raise ValueError(f"a scoring row of {len(row.tokens)} tokens with {row.scored} scored must satisfy "
                                  f"1 <= scored <= tokens - 1 and tokens - 1 <= context_length={c}")
@@ -250,6 +257,8 @@ class InferenceEngine:
 
     def _advance(self, row: Row, n: int, logits: torch.Tensor, drawn: int | None) -> RowOutput:
         """Account for the row's n fed tokens and take what its logits give (tokens, or its score)."""
+        if row.pooling is not None:
+            return self._advance_embedding(row, n, logits)
         if row.config is None:
             return self._advance_score(row, n, logits)
         if row.draft:
@@ -312,6 +321,23 @@ class InferenceEngine:
         if row.pending == 0:
             row.finish_reason = "length"
         return RowOutput(row, logits=logits if row.want_logits else None)
+
+    def _advance_embedding(self, row: Row, n: int, states: torch.Tensor) -> RowOutput:
+        """Pool this chunk's hidden states [m, D] into ``row.embedding``: "mean" sums them (divided by the length
+        once the last chunk is in), "last" keeps the last position's."""
+        if states.shape[0]:
+            states = states.float()
+            if row.pooling == "last":
+                row.embedding = states[-1]
+            else:
+                part = states.sum(0)  # [D]
+                row.embedding = part if row.embedding is None else row.embedding + part
+        row.computed += n
+        if row.pending == 0:
+            if row.pooling == "mean":
+                row.embedding = row.embedding / row.window_length
+            row.finish_reason = "length"
+        return RowOutput(row)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _remove(self, row: Row) -> None:

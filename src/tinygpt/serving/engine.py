@@ -75,6 +75,7 @@ class Finish:
     accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
     rejected_drafts: int = 0
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    embedding: torch.Tensor | None = None  # an embedding request's pooled hidden states [D] (float32, on the CPU)
 
 
 @dataclass
@@ -90,10 +91,12 @@ class EngineRequest:
     context (``prompt + max_new_tokens - 1 <= C``); its ``eos_id`` ends the row (not part of the text).
     ``logprobs``: None, or how many top alternatives to report with each token (0 = only the chosen one).
     ``sink`` receives every event, from the engine's thread; it must not block. ``adapter``: the index of the
-    model's attached LoRA adapter the row runs with (``multi_lora``; -1: the base)."""
+    model's attached LoRA adapter the row runs with (``multi_lora``; -1: the base). With a ``pooling`` ("mean" or
+    "last") the request embeds its prompt instead (``config`` None): an embedding row, scheduled as scoring rows
+    are, whose ``Finish`` carries the pooled final hidden states."""
 
     prompt: list[int]
-    config: GenerationConfig
+    config: GenerationConfig | None
     sink: Callable[[Any], None]
     stop_texts: tuple[str, ...] = ()
     logprobs: int | None = None
@@ -101,6 +104,7 @@ class EngineRequest:
     adapter: int = -1
     constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
     cache_salt: str | None = None
+    pooling: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -305,6 +309,13 @@ class EngineThread:
             self._emit(req, Finish("cancelled", prompt_tokens=len(req.prompt)))
             return
         try:
+            if req.pooling is not None:
+                row = Row(list(req.prompt), None, tag=req, adapter=req.adapter, cache_salt=req.cache_salt,
+                          pooling=req.pooling)
+                live = _Live(req, row, self.tokenizer)
+                self.core.add(row)
+                self._live[row.id] = live
+                return
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
                       want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint,
@@ -361,6 +372,11 @@ class EngineThread:
             try:
                 if out.row is live.scoring:
                     self._scored(live, out.logits)
+                elif out.row.pooling is not None:
+                    if out.row.finish_reason == "error":
+                        self._finish(live, Finish("error", message=out.row.error))
+                    elif out.row.finished:
+                        self._finish(live, Finish("length", embedding=out.row.embedding.cpu()))
                 else:
                     self._deliver(live, out.tokens, out.logits)
             except Exception as err:
