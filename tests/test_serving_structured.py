@@ -22,6 +22,7 @@ from serving_support import live_server, offline, tiny_model, tokenizer, wait_un
 from tinygpt import generate
 from tinygpt.inference.grammar import compile_grammar
 from tinygpt.serving.embeddings import embed
+from tinygpt.serving.structured import ToolCallReader, parse_tools, tool_calls
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
@@ -124,6 +125,49 @@ def test_a_tool_call_round_trip_through_the_openai_client(server):
     for got in calls.values():
         assert got["name"] == "get_weather"
         jsonschema.validate(json.loads(got["arguments"]), SCHEMA)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_tool_calls_grow_as_generated_and_add_up_to_the_unstreamed_calls(server, choice):
+    client = _client(server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER, TIME],
+               tool_choice=choice, max_tokens=120, temperature=0)
+    whole = client.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    calls: dict[int, dict[str, str]] = {}
+    fragments, reasons = 0, []
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for delta in c.delta.tool_calls or []:
+                if delta.id is not None:  # a call's first delta: its id, type, name and arguments ""
+                    assert delta.index not in calls and delta.type == "function" and delta.function.arguments == ""
+                    calls[delta.index] = {"name": delta.function.name, "arguments": ""}
+                else:
+                    assert delta.function.name is None
+                    calls[delta.index]["arguments"] += delta.function.arguments
+                    fragments += 1
+    assert reasons[-1] == "tool_calls"
+    assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
+                                                for c in whole.message.tool_calls]
+    assert fragments > len(calls)  # the arguments came in pieces, not whole
+    for call in calls.values():
+        json.loads(call["arguments"])
+
+
+def test_the_tool_call_reader_splits_calls_at_their_arguments_whatever_the_pieces():
+    tools = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required"})
+    args = ['{"city": "P}a\\"r[is", "days": [1, {"x": 2}]}', '{"zone": "UTC"}']
+    text = f'[{{"name": "get_weather", "arguments": {args[0]}}}, {{"name": "get_time", "arguments": {args[1]}}}]'
+    for size in (1, 3, len(text)):
+        reader = ToolCallReader(tools)
+        deltas = [d for i in range(0, len(text), size) for d in reader.feed(text[i:i + size])]
+        heads = [d for d in deltas if "id" in d]
+        assert [(d["index"], d["function"]["name"]) for d in heads] == [(0, "get_weather"), (1, "get_time")]
+        for k in (0, 1):
+            assert "".join(d["function"]["arguments"] for d in deltas if d["index"] == k) == args[k]
+        assert [c["function"]["arguments"] for c in reader.result()] == args
+    assert ToolCallReader(tools).result() is None and tool_calls(text[:-2], tools) is None
 
 
 @pytest.mark.parametrize("body, param, fragment", [
