@@ -63,6 +63,16 @@ def _offline(model, prompt: str, kind: str, source, max_tokens: int) -> str:
     ({"grammar": 'root ::= ("cat" | "dog") " " ("runs" | "sleeps")'}, "grammar",
      'root ::= ("cat" | "dog") " " ("runs" | "sleeps")', lambda t: re.fullmatch("(cat|dog) (runs|sleeps)", t)
      or pytest.fail(t)),
+    # vLLM's names for the same constraints
+    ({"guided_json": SCHEMA}, "json_schema", SCHEMA, lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json_schema", SCHEMA,
+     lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    ({"guided_choice": ["red wine", "blue", "green tea"]}, "choice", ["red wine", "blue", "green tea"],
+     lambda t: t in ("red wine", "blue", "green tea") or pytest.fail(t)),
+    ({"structured_outputs": {"regex": r"[0-9]{3}x"}}, "regex", r"[0-9]{3}x",
+     lambda t: re.fullmatch(r"[0-9]{3}x", t) or pytest.fail(t)),
+    ({"guided_grammar": 'start: "ab" | "cd"'}, "grammar", 'start: "ab" | "cd"',
+     lambda t: t in ("ab", "cd") or pytest.fail(t)),
 ])
 def test_a_served_constrained_greedy_row_equals_offline_constrained_generate(server, field, kind, source, check):
     model = server.app.state.tinygpt.model
@@ -186,6 +196,14 @@ def test_the_tool_call_reader_splits_calls_at_their_arguments_whatever_the_piece
      "messages[1].tool_call_id", "is required"),
     ({"messages": [{"role": "tool", "content": "b", "tool_call_id": "x"}]}, "messages", "must follow an assistant"),
     ({"seed": 10 ** 30}, "seed", "31 digits"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "structured_outputs.regex",
+     "conflicts with guided_regex"),
+    ({"response_format": {"type": "json_object"}, "guided_json": SCHEMA}, "guided_json",
+     "conflicts with response_format"),
+    ({"structured_outputs": {"json": "{nope"}}, "structured_outputs.json", "does not parse"),
+    ({"structured_outputs": {"jsn": {}}}, "structured_outputs.jsn", "unknown field"),
+    ({"guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"guided_regex": "a("}, "guided_regex", "unclosed group"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param, fragment):
     r = _http(server).post("/v1/chat/completions",

@@ -5,7 +5,10 @@ call's text turned back into OpenAI's ``tool_calls``.
 - ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}`` (any JSON object),
   ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (OpenAI's form);
 - ``grammar``: a Lark grammar, or a GBNF one as llama.cpp's server takes it (``root ::= ...``);
-- ``regex``: the whole output matches it (vLLM's ``guided_regex``);
+- ``regex``: the whole output matches it;
+- vLLM's names for the same constraints: ``structured_outputs`` ``{"json" | "regex" | "choice" | "grammar" |
+  "json_object": true}`` (vLLM >= 0.10) and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
+  ``guided_grammar`` (``choice``: the answer is one of a list of strings);
 - ``tools`` with ``tool_choice``: ``"none"`` (the tools reach the chat template, the answer is text), a named
   function ``{"type": "function", "function": {"name": ...}}`` (the answer is that function's arguments, following
   its ``parameters`` schema), ``"required"`` (a JSON list of calls ``[{"name", "arguments"}]``, each following its
@@ -28,7 +31,9 @@ from typing import Any
 from ..inference.grammar import Grammar, GrammarError, compile_grammar
 from .protocol import ChatRequest, CompletionRequest, bad
 
-CONSTRAINT_FIELDS = ("response_format", "grammar", "regex")
+CONSTRAINT_FIELDS = ("response_format", "grammar", "regex", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar")
+VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}  # vLLM's keys
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 4  # calls in one answer with parallel_tool_calls (a small model may otherwise list calls forever)
@@ -87,7 +92,7 @@ def read_chat(req: ChatRequest, body: dict[str, Any], writes_calls: bool = False
     req.constraint = parse_constraint(body)
     if req.tools is not None and req.tools.calls:
         if req.constraint is not None:
-            raise bad(req.constraint.param.split(".")[0], f"conflicts with tool_choice="
+            raise bad(_field(req.constraint), f"conflicts with tool_choice="
                                                           f"{json.dumps(body.get('tool_choice'))} (the tool call's "
                                                           f"schema constrains the answer)")
         req.constraint = tool_constraint(req.tools)
@@ -127,9 +132,58 @@ def parse_constraint(body: dict[str, Any]) -> ConstraintSpec | None:
             if not isinstance(value, str) or not value:
                 raise bad(name, "must be a non-empty string")
             found.append(ConstraintSpec(name, value, name))
+    found += _vllm_constraints(body)
     if len(found) > 1:
-        raise bad(found[1].param.split(".")[0], f"give one of {', '.join(CONSTRAINT_FIELDS)}, not several")
+        first, second = (_field(spec) for spec in found[:2])
+        raise bad(second, f"conflicts with {first}: give one of {', '.join(CONSTRAINT_FIELDS)}, not several")
     return found[0] if found else None
+
+
+def _field(spec: ConstraintSpec) -> str:
+    """The request field a constraint came from (``structured_outputs``' own key kept)."""
+    return spec.param if spec.param.startswith("structured_outputs") else spec.param.split(".")[0]
+
+
+def _vllm_constraints(body: dict[str, Any]) -> list[ConstraintSpec]:
+    """vLLM's ``structured_outputs`` object and its older ``guided_*`` fields, as ``ConstraintSpec``s."""
+    found = [_vllm_spec(key, body[f"guided_{key}"], f"guided_{key}") for key in VLLM_KINDS
+             if body.get(f"guided_{key}") is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is None:
+        return found
+    allowed = ", ".join([*VLLM_KINDS, "json_object"])
+    if not isinstance(outputs, dict):
+        raise bad("structured_outputs", f"must be an object with one of {allowed}")
+    unknown = sorted(set(outputs) - set(VLLM_KINDS) - {"json_object"})
+    if unknown:
+        raise bad(f"structured_outputs.{unknown[0]}", f"unknown field; allowed: {allowed}")
+    for key in VLLM_KINDS:
+        if outputs.get(key) is not None:
+            found.append(_vllm_spec(key, outputs[key], f"structured_outputs.{key}"))
+    if outputs.get("json_object") is not None:
+        if outputs["json_object"] is not True:
+            raise bad("structured_outputs.json_object", "must be true (any JSON object) or absent")
+        found.append(ConstraintSpec("json_object", None, "structured_outputs.json_object"))
+    return found
+
+
+def _vllm_spec(key: str, value: Any, param: str) -> ConstraintSpec:
+    """One vLLM constraint: ``json`` a schema (an object, or its JSON text), ``choice`` a list of strings,
+    ``regex`` / ``grammar`` a string."""
+    if key == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise bad(param, "must be a JSON schema (an object, or its JSON text); the text does not parse") from None
+        if not isinstance(value, dict):
+            raise bad(param, "must be a JSON schema (an object, or its JSON text)")
+    elif key == "choice":
+        if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+            raise bad(param, "must be a non-empty list of non-empty strings")
+    elif not isinstance(value, str) or not value:
+        raise bad(param, "must be a non-empty string")
+    return ConstraintSpec(VLLM_KINDS[key], value, param)
 
 
 def parse_tools(body: dict[str, Any], writes_calls: bool = False) -> ToolSpec | None:
