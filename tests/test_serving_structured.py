@@ -22,7 +22,8 @@ from serving_support import live_server, offline, tiny_model, tokenizer, wait_un
 from tinygpt import generate
 from tinygpt.inference.grammar import compile_grammar
 from tinygpt.serving.embeddings import embed
-from tinygpt.serving.structured import ToolCallReader, parse_tools, tool_calls
+from tinygpt.serving.structured import parse_tools
+from tinygpt.serving.tool_calls import ToolCallReader, tool_calls
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
@@ -373,7 +374,8 @@ HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
 
 
 def test_auto_reads_hermes_style_calls_and_is_refused_where_the_template_defines_none(server):
-    from tinygpt.serving.structured import ToolSpec, auto_calls, template_writes_calls
+    from tinygpt.serving.structured import ToolSpec, template_writes_calls
+    from tinygpt.serving.tool_calls import auto_calls
 
     tools = ToolSpec([WEATHER, TIME], "auto", functions={"get_weather": SCHEMA, "get_time": {}})
     content, calls = auto_calls('Let me look. <tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}'

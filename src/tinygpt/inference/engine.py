@@ -4,8 +4,9 @@ Each ``step`` is three parts, as nano-vllm's: *schedule* (the context policy for
 call to the ``drafting.Drafter`` for the running rows' drafts when speculative decoding is on, the scheduler's
 plan), *run* (one forward; if the batched forward raises, each planned row is run alone once, so only the rows that
 fail alone fail) and *postprocess* (each row on its own: its drawn token, under its constraint's mask and followed
-by the tokens it forces, its verified drafts, its score, or its pooled hidden states; a row that raises finishes alone with reason "error",
-``Row.error`` saying why). Finished, failed and cancelled rows give their blocks back before the next step.
+by the tokens it forces, its verified drafts, its score, or its pooled hidden states; a row that raises finishes
+alone with reason "error", ``Row.error`` saying why). Finished, failed and cancelled rows give their blocks back
+before the next step.
 
 ``tinygpt.generate`` (a batch of prompts), ``serving.engine.EngineThread`` (a thread and request adapter) and the
 lm-eval class's scoring all drive this one class; none lays out a cache of its own.

@@ -2,8 +2,9 @@
 
 ``ModelRunner.forward`` packs the plan's tokens into one sequence, builds its ``Batch`` and runs one forward; it
 returns each row's logits (only the positions the row needs: its last one, a draft's k + 1, a scoring row's scored
-ones), or for an embedding row (``Row.pooling``) the final hidden states the head would read at its positions. ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's
-tokens never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
+ones), or for an embedding row (``Row.pooling``) the final hidden states the head would read at its positions.
+``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's tokens
+never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
 """
 
 from __future__ import annotations

@@ -44,9 +44,8 @@ from .protocol import (
     parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
-from .structured import (
-    ToolCallReader, ToolSpec, auto_calls, compile_spec, read_chat, read_completion, template_writes_calls, tool_calls,
-)
+from .structured import ToolSpec, compile_spec, read_chat, read_completion, template_writes_calls
+from .tool_calls import ToolCallReader, auto_calls, tool_calls
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
