@@ -88,6 +88,33 @@ def test_a_served_constrained_greedy_row_equals_offline_constrained_generate(ser
     assert "".join(p["choices"][0]["text"] for p in pieces) == text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tokens_report_the_logprob_of_the_forward_that_fed_them(server, stream):
+    model = server.app.state.tinygpt.model
+    prompt = tokenizer().encode("Plan a trip:")
+    body = {"prompt": "Plan a trip:", "max_tokens": 60, "temperature": 0, "logprobs": 2, "guided_json": SCHEMA}
+    grammar = compile_grammar("json_schema", SCHEMA, tokenizer(), model.config.vocab_size)
+    result = generate(model, [prompt], max_new_tokens=60, eos_id=tokenizer().eot_id,
+                      constraints=[grammar.constraint()])
+    answer, forced = result.rows()[0], result.forced[0]
+    if stream:
+        lines = _http(server).post("/v1/completions", json={**body, "stream": True}).text.splitlines()
+        pieces = [json.loads(x[6:])["choices"][0]["logprobs"] for x in lines if x.startswith("data: {")]
+        got = [lp for p in pieces if p for lp in p["token_logprobs"]]
+    else:
+        got = _http(server).post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(got) == len(answer) and sum(forced) >= 3
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + answer]))[0].log_softmax(-1)  # [T, V]
+    ending = len(answer) - max(i for i, f in enumerate(forced) if not f) - 1  # forced after the last draw
+    assert any(forced[:len(answer) - ending])  # forced tokens between draws: scored by the next forward
+    for t, (token, lp) in enumerate(zip(answer, got)):
+        if t >= len(answer) - ending:  # never fed: the row ended with them
+            assert lp is None
+        else:
+            assert lp == pytest.approx(float(logp[len(prompt) + t - 1, token]), abs=1e-4), (t, forced[t])
+
+
 class Trip(BaseModel):
     city: str
     days: int

@@ -44,6 +44,7 @@ class RowOutput:
     tokens: list[int] = field(default_factory=list)
     logits: torch.Tensor | None = None
     forced: list[bool] = field(default_factory=list)  # per token: forced by the row's constraint (not drawn)
+    forced_logits: torch.Tensor | None = None  # [k, V]: the raw logits that scored k earlier forced tokens, in order
 
     @property
     def finished(self) -> bool:
@@ -262,6 +263,7 @@ class InferenceEngine:
             return self._advance_embedding(row, n, logits)
         if row.config is None:
             return self._advance_score(row, n, logits)
+        scored_forced = None
         if row.draft:
             tokens = verify(row, logits)
             self.drafter.verified(row, len(tokens) - 1)
@@ -269,8 +271,14 @@ class InferenceEngine:
             kept = logits[:len(tokens)]
         else:
             row.computed += n
-            if row.pending > 0:  # a chunk of the prompt: nothing to draw yet
-                return RowOutput(row)
+            if row.want_logits and row.constraint is not None:  # ``runner.logit_offsets``: forced tokens first
+                drawing = row.pending == 0  # then the last logits are the next draw's, after the forced ones
+                k = logits.shape[0] - int(drawing)
+                scored_forced = logits[:k] if k else None
+                settled = row.window_start + row.computed + int(not drawing)  # tokens before it are scored
+                row.forced_scored = max(row.forced_scored, settled)
+            if row.pending > 0:  # a chunk of the prompt (or of forced tokens): nothing to draw yet
+                return RowOutput(row, forced_logits=scored_forced)
             if drawn is None:
                 last = logits[-1] if row.constraint is None else masked_logits(logits[-1], row.constraint.allowed())
                 drawn = draw(row, last)
@@ -283,7 +291,8 @@ class InferenceEngine:
             taken.append(token)
             if row.finished:
                 break
-        out = RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None, [False] * len(taken))
+        out = RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None, [False] * len(taken),
+                        scored_forced)
         if row.constraint is not None and not row.finished:
             for token in row.constraint.advance(taken[-1]):  # forced tokens: fed by the next forwards
                 self._take(row, int(token), forced=True)

@@ -63,6 +63,7 @@ class Row:
     constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
     cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
+    forced_scored: int = 0  # want_logits: tokens before this index had their forced tokens' logits handed out
     pooling: str | None = None  # a scoring row that embeds: "mean" or "last" of its final hidden states
     embedding: torch.Tensor | None = None  # [D] float32: the pooled states (a running sum while "mean" feeds)
 
@@ -96,6 +97,12 @@ class Row:
         if self.pooling is not None:
             return 0 if self.pooling == "mean" else self.window_length - 1
         return self.window_length - self.scored if self.config is None else self.window_length - 1
+
+    def forced_after(self, position: int) -> bool:
+        """Whether the token after window ``position`` was forced by the constraint and its logits (those of
+        ``position``) are still owed to a row that wants logits."""
+        t = self.window_start + position + 1  # that token's index in ``tokens``
+        return max(self.prompt_len, self.forced_scored) <= t < len(self.tokens) and self.forced[t - self.prompt_len]
 
     @property
     def finished(self) -> bool:

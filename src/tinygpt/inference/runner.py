@@ -37,7 +37,12 @@ def logit_offsets(row: Row, n: int) -> list[int]:
         return [j for j in range(n) if row.computed + j >= row.first_logit]
     if row.draft:
         return list(range(n))
-    return [n - 1] if row.computed + n == row.window_length else []
+    last = [n - 1] if row.computed + n == row.window_length else []
+    if not (row.want_logits and row.constraint is not None):
+        return last
+    # a constrained row that reports log-probabilities: also the positions before its forced tokens, which no
+    # forward had scored when they were appended (the head on a few more positions; ``Row.forced_after``)
+    return [j for j in range(n - len(last)) if row.forced_after(row.computed + j)] + last
 
 
 def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens: int) -> ContextManager[None]:

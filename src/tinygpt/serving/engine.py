@@ -28,7 +28,7 @@ from torch import nn
 
 from ..devices import autocast
 from ..generation import GenerationConfig
-from ..inference.engine import InferenceEngine
+from ..inference.engine import InferenceEngine, RowOutput
 from ..inference.row import Row
 from ..text_stream import TextCodec, TextStreamer
 
@@ -119,6 +119,16 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
+@dataclass
+class _Held:
+    """A new token before its event: its raw logits [V] (None: not asked for, or never scored); ``ready`` once it
+    may go (a forced token of a row that reports log-probabilities waits for the forward that scores it)."""
+
+    token: int
+    logits: torch.Tensor | None
+    ready: bool
+
+
 class _Live:
     """A request on the engine: its core row and its text. With ``prompt_logprobs`` the prompt is first a scoring
     row of the core (``scoring``: scheduled under the token budget like any row, its logits gathered step by step);
@@ -130,6 +140,7 @@ class _Live:
         self.prompt_logits: list[torch.Tensor] = []  # the scoring row's logits so far, [m, V] each
         self.text = TextStreamer(tokenizer, req.stop_texts)
         self.count = 0  # tokens delivered (the end-of-text one included)
+        self.held: list[_Held] = []  # tokens not yet sent: forced ones wait for the forward that scores them
         self.done = False
 
     @property
@@ -378,21 +389,37 @@ class EngineThread:
                     elif out.row.finished:
                         self._finish(live, Finish("length", embedding=out.row.embedding.cpu()))
                 else:
-                    self._deliver(live, out.tokens, out.logits)
+                    self._deliver(live, out)
             except Exception as err:
                 traceback.print_exc(file=sys.stderr)
                 self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
 
-    def _deliver(self, live: _Live, tokens: list[int], logits: torch.Tensor | None) -> None:
+    def _deliver(self, live: _Live, out: RowOutput) -> None:
+        """The step's tokens as events, in order. With ``logprobs`` a forced token waits for the next forward,
+        which scores it (``RowOutput.forced_logits``); the forced tokens that end the row are never fed, so they go
+        out with none."""
         row, req = live.row, live.req
-        for i, token in enumerate(tokens):
+        scored = [] if out.forced_logits is None else list(out.forced_logits)
+        for held in live.held:  # the forced tokens this forward scored, in order
+            if not held.ready and scored:
+                held.logits, held.ready = scored.pop(0), True
+        for i, token in enumerate(out.tokens):
+            logits = out.logits[i] if out.logits is not None and i < out.logits.shape[0] else None
+            owed = req.logprobs is not None and out.forced[i]  # a forced token: scored by the next forward
+            live.held.append(_Held(token, logits, not owed))
+        ready = 0
+        while ready < len(live.held) and (row.finished or live.held[ready].ready):
+            ready += 1
+        going, live.held = live.held[:ready], live.held[ready:]
+        for held in going:
+            token, logits = held.token, held.logits
             live.count += 1
             if token == row.config.eos_id:  # counted, but not part of the text or the tokens reported
                 self._finish(live, Finish("stop", live.text.finish()))
                 return
             info = TokenInfo(token)
-            if req.logprobs is not None and logits is not None and i < logits.shape[0]:  # forced tokens: none
-                logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
+            if req.logprobs is not None and logits is not None:  # a forced token that ends the row: none
+                logprobs = logits.float().log_softmax(-1)  # the model's distribution, before any setting
                 info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
             piece, stopped = live.text.add(token)
             if not self._emit(req, Step(info, piece)):
