@@ -1,6 +1,6 @@
 """Structured output for the API: ``response_format``, ``grammar``, ``regex`` and ``tools`` / ``tool_choice`` read from
-a request body into one ``ConstraintSpec``, compiled for the served tokenizer (``inference.grammar``); ``tool_calls.py`` turns a
-tool call's text back into OpenAI's ``tool_calls``.
+a request body into one ``ConstraintSpec``, compiled for the served tokenizer (``inference.grammar``);
+``tool_calls.py`` turns a tool call's text back into OpenAI's ``tool_calls``.
 
 - ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}`` (any JSON object),
   ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (OpenAI's form);
