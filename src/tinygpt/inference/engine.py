@@ -319,8 +319,11 @@ class InferenceEngine:
             row.finish_reason = reason
 
     def _advance_score(self, row: Row, n: int, logits: torch.Tensor) -> RowOutput:
+        first = row.computed + n - logits.shape[0]  # window position of the first scored logits
+        logits = logits[max(0, row.score_upto - first):]  # positions a preempted row already scored
+        first = row.computed + n - logits.shape[0]
         if logits.shape[0]:
-            first = row.computed + n - logits.shape[0]  # window position of the first scored logits
+            row.score_upto = row.computed + n
             targets = torch.tensor(row.tokens[first + 1:row.computed + n + 1], device=logits.device)
             logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [m, V]
             total = float(logp.gather(1, targets[:, None]).sum())

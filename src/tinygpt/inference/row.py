@@ -64,6 +64,8 @@ class Row:
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
     cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
     forced_scored: int = 0  # want_logits: tokens before this index had their forced tokens' logits handed out
+    score_upto: int = 0  # scoring rows: window positions before this one are in ``score`` (and handed out), so
+    # a row preempted mid-prefill and recomputed from its start counts each position once
     pooling: str | None = None  # a scoring row that embeds: "mean" or "last" of its final hidden states
     embedding: torch.Tensor | None = None  # [D] float32: the pooled states (a running sum while "mean" feeds)
 
