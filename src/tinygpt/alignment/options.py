@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import checks
-from ..checks import option
+from ..checks import option, restated
 from ..config import DEFAULT_SEED
 from ..fileio import RUN, check_save_target
 from ..training.options import LoopOptions
@@ -46,24 +46,17 @@ class FinetuneOptions(LoopOptions):
     0.1 and ``DEFAULT_SEED``); ``run_stage`` takes a stage built elsewhere as it is and refuses options that say otherwise
     (``ValueError``), so neither value is ever silently ignored."""
 
-    out_dir: str = option("runs/finetune", "run folder: step-N checkpoints, metrics.jsonl, plot, final model",
-                          flag="--out", metavar="DIR")
-    resume: str | None = option(None, "continue from a step-N checkpoint or a run folder's newest; auto = OUT's "
-                                      "newest, if any", metavar="DIR|auto", default_help="a fresh start")
-    epochs: int = option(1, "passes over the training examples")
-    max_steps: int | None = option(None, "optimizer steps in all", default_help="from --epochs")
-    stop_after: int | None = option(None, "end this invocation after STEP (with a checkpoint); --resume continues",
-                                    metavar="STEP", default_help="no stop")
+    # LoopOptions' fields with fine-tuning's defaults (their help is LoopOptions'); then the stage's own settings.
+    out_dir: str = restated(LoopOptions, "out_dir", "runs/finetune")
+    epochs: int = restated(LoopOptions, "epochs", 1, help="passes over the training examples")
+    max_steps: int | None = restated(LoopOptions, "max_steps", None, default_help="from --epochs")
+    lr: float = restated(LoopOptions, "lr", 5e-5)
+    warmup_steps: int = restated(LoopOptions, "warmup_steps", 0)
+    eval_every: int = restated(LoopOptions, "eval_every", 50)
+    seed: int | None = restated(LoopOptions, "seed", None, default_help=DEFAULT_SEED,
+                                help="seed of the split, data order, head initialisation, dropout and sampling")
     batch_size: int | None = option(None, "examples per step", default_help=8)
-    lr: float = option(5e-5, "peak learning rate")
-    warmup_steps: int = option(0, "linear warmup steps")
-    grad_clip: float = option(1.0, "global gradient-norm clip, 0 = off")
-    eval_every: int = option(50, "evaluate and plot every N steps", metavar="N")
-    keep_last: int = option(2, "step-N/ folders kept besides the best by val loss")
     val_fraction: float | None = option(None, "examples held out", default_help=0.1)
-    seed: int | None = option(None, "seed of the split, data order, head initialisation, dropout and sampling",
-                              default_help=DEFAULT_SEED)
-    progress: bool = option(True, "no progress bar", flag="--no-progress")
 
     def stage_settings(self) -> dict[str, int | float]:
         """The stage's settings these options give (the ones not None), for a stage's constructor."""
