@@ -1,10 +1,12 @@
-"""The options of the commands that run a saved model -- ``generate`` and ``chat`` -- and of ``params``, as dataclasses
-whose fields make the commands' flags (``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
+"""The options of the commands that run a saved model (``generate``, ``chat``, ``serve``'s model) and of ``params``,
+``verify``, ``convert`` and ``merge``, as dataclasses whose fields make the commands' flags
+(``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
 
 The generation settings themselves (temperature, top-k, ...) are not repeated here: every field of
 ``tinygpt.generation.GenerationConfig`` becomes a flag of both commands (``cli.common.add_generation_options``), so
-a setting added there appears on the command line without an edit here. ``evaluation.options.EvalOptions`` is
-``eval``'s. Also here: ``verify``'s, ``convert``'s and ``merge``'s options.
+a setting added there appears on the command line without an edit here. The other commands' options live beside
+what they set: ``training.options`` (``train``, ``prepare``), ``alignment.options`` (the fine-tuning commands),
+``evaluation.options`` (``eval``), ``serving.options`` (``serve``), ``experiment_options`` (``experiment NAME``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import checks
-from .checks import option
+from .checks import option, restated
 from .config import PRESETS
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
@@ -40,6 +42,16 @@ class ModelOptions:
     def check(self) -> None:
         checks.choice("dtype", self.dtype, DTYPES)
         checks.choice("weights", self.weights, WEIGHT_TYPES)
+
+
+@dataclass
+class ServeModelOptions(ModelOptions):
+    """``tinygpt serve``'s model (the server's own flags are ``serving.options.ServeOptions``)."""
+
+    model: str = restated(ModelOptions, "model", None, help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a "
+                                                            "hub name (gpt2, gpt2-medium, ...)")
+    tokenizer_dir: str | None = restated(ModelOptions, "tokenizer_dir", None,
+                                         help="a tokenizer to use instead of the model's own")
 
 
 @dataclass

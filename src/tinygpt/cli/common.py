@@ -1,5 +1,5 @@
 """What every command module shares: the one-line user error, the config argument, flags made from the options
-dataclasses' fields, and the flag families several commands share (device and dtype, sampling and stop)."""
+dataclasses' fields, and the flag family generate and chat share (sampling and stop)."""
 
 from __future__ import annotations
 
@@ -127,14 +127,6 @@ def flag_error(parser: argparse.ArgumentParser, err: OptionError) -> str:
 
 
 # ------------------------------------------------------------------------------------------ shared flag families
-def add_device_options(parser: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype``, with one meaning on every command (``command_options.ModelOptions``)."""
-    from ..command_options import ModelOptions
-
-    add_options(parser, ModelOptions, skip=("model", "tokenizer_dir"))
-
-
-
 # The command line's words for GenerationConfig's fields (which carry no help of their own). A field not named here
 # still becomes a flag of generate and chat, with its name for help; top_p and repetition_penalty default to None
 # on the command line so that sampling_config can tell the ones given.

@@ -117,7 +117,7 @@ class PretrainStage(Stage):
         overrides = {k: getattr(o, k) for k in ("n_layers", "n_heads", "emb_dim", "context_length")}
         if resume_from is None:
             return resolve_config(o.config, vocab, overrides)
-        config = load_config(resume_from)
+        config = self.resumed_config = load_config(resume_from)  # the one read of the checkpoint's config
         if o.config is not None or any(v is not None for v in overrides.values()):
             problem = config_mismatch(resolve_config(o.config or config, vocab, overrides), config, resume_from,
                                       "--config")
