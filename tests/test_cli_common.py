@@ -206,3 +206,14 @@ def test_every_flag_of_every_command_comes_from_an_options_field():
                and not getattr(action, "from_options", None)]
     assert by_hand == []
 
+
+
+def test_the_torch_free_copies_of_choices_match_their_source():
+    """command_options keeps the choices of --dtype, --weights and --type without importing torch: the same lists."""
+    from tinygpt import command_options, devices
+    from tinygpt.fast import weights
+    from tinygpt.interop import gguf
+
+    assert command_options.DTYPES == devices.DTYPES
+    assert command_options.WEIGHT_TYPES == weights.WEIGHT_TYPES
+    assert command_options.GGUF_TYPES == gguf.GGUF_TYPES
