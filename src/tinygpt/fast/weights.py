@@ -14,8 +14,9 @@ only the products read the smaller weights.
   product torch's ``_weight_int8pack_mm`` (x [M, in] bf16 @ int8 weight^T, times the channel's scale): one byte per
   weight. The input is rounded to bf16 first (that kernel is fastest with bf16 input on CPU).
 
-Inference only: a converted model refuses to train (its linears have no float weight to update). Measured by
-``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
+A GGUF file's f16 / bf16 / q8_0 tensors are read straight into these types, never as a float32 model
+(``interop.gguf_weights``). Inference only: a converted model refuses to train (its linears have no float weight to
+update). Measured by ``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
 """
 
 from __future__ import annotations

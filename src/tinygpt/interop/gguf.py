@@ -23,6 +23,8 @@ without them (tinygpt's default ``qkv_bias=False``) is written with zero biases,
 biases dropped again); a file without it (llama.cpp's converter's) gets its config from the architecture's keys.
 Quantisation follows llama.cpp's converter: 1-D tensors, norms, biases and the position table stay float32; every
 other weight is q8_0 / q4_0 / f16 (``gguf.quants.quantize``), or f16 when its rows are not whole 32-value blocks.
+``load_gguf(path, weights="bfloat16" | "int8")`` reads the linears straight into ``fast.weights``' types
+(``interop.gguf_weights``); a character vocabulary's extra rows are ``gguf_vocab``'s.
 """
 
 from __future__ import annotations
