@@ -167,24 +167,25 @@ def products(preset: str, repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gguf_load", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="gpt2-small", help="a model preset (default: gpt2-small)")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default: 2; --products: 7)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: 2; --products: 7)")
     parser.add_argument("--products", action="store_true", help="time the one-row products instead (see above)")
     parser.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats} must be at least 1")
+    repeats = args.repeats if args.repeats is not None else (7 if args.products else 2)
+    if repeats < 1:
+        parser.error(f"--repeats {repeats} must be at least 1")
     try:
         if args.products:
-            result = products(args.preset, args.repeats if args.repeats != 2 else 7)
+            result = products(args.preset, repeats)
             print(f"{args.preset}: one-row products of one block's four linears, median of {result['repeats']} "
                   f"rounds; load average {result['load_average'][0]:.2f}")
             print(format_table(result["rows"], [("way", "way"), ("ms_per_block", "ms"), ("of_int8", "x Int8Linear"),
                                                 ("max_err_vs_q8_0", "max |error| vs the q8_0 values")]))
         else:
-            result = peak_memory(args.preset, args.repeats)
+            result = peak_memory(args.preset, repeats)
             print(f"{args.preset}: float32 model {result['float32_mib']:,.0f} MiB; files f16 "
                   f"{result['file_mib']['f16']:,.0f} MiB, q8_0 {result['file_mib']['q8_0']:,.0f} MiB; rise of VmHWM "
-                  f"while loading, median of {args.repeats}; load average {result['load_average'][0]:.2f}")
+                  f"while loading, median of {repeats}; load average {result['load_average'][0]:.2f}")
             print(format_table(result["rows"], [("way", "way"), ("file", "file"), ("rise_mib", "rise MiB"),
                                                 ("of_float32", "x float32 model")]))
     except ValueError as err:
