@@ -33,7 +33,7 @@ import torch
 from .common import format_table, machine_cores, run_and_report, time_interleaved
 
 FULL = dict(train=1000, test=100, levels=["1"], direct_share="0.7", layers=4, heads=4, emb=128, context=96,
-            pretrain_steps=20, pretrain_batch=16, sft_steps=1500, sft_lr="3e-3", grpo_steps=100, grpo_lr="5e-4",
+            pretrain_steps=20, pretrain_batch=16, sft_steps=1500, sft_lr="3e-3", grpo_steps=160, grpo_lr="5e-4",
             prompts=8, group=8, new_tokens=20, eval_limit=100)
 QUICK = dict(train=60, test=8, levels=["1"], direct_share="0.5", layers=1, heads=2, emb=32, context=96,
              pretrain_steps=4, pretrain_batch=4, sft_steps=2, sft_lr="1e-3", grpo_steps=2, grpo_lr="5e-4", prompts=2,
