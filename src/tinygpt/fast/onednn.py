@@ -73,11 +73,23 @@ def _plain_cpu_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 TRAINED_MIN_MACS = 1 << 28  # rows * in * out of the forward's product (each of the three products has as many)
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether ``linear`` runs x @ weight.T + bias on oneDNN as a plain product: nothing needs a gradient, and
-    the tensors are plain CPU float32 ones under none of the modes that must see ``aten`` products."""
+# The rule for inference, from ``python -m benchmarks.ab small-linear`` (one product per weight shape and row count,
+# oneDNN against BLAS) on the 2-core AMD EPYC this was written on: a oneDNN call costs some 15-20 us whatever its
+# size, so on a small model's weights (the default ``tinygpt train`` model: 128 x 512 at most) BLAS's product is
+# 1.4-13x faster at 1 and 16 rows and no slower at 128; from about gpt2-small's narrowest weight (768 x 768)
+# oneDNN ties or wins. A rule on the weight alone (not the rows), so a weight's prompt and decode products take
+# one kernel.
+INFERENCE_MIN_WEIGHT = 1 << 18  # weight.numel() (in * out) from which inference products run on oneDNN
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+            min_weight: int | None = None) -> bool:
+    """Whether ``linear`` runs x @ weight.T + bias on oneDNN as a plain product: nothing needs a gradient, the
+    weight has at least ``min_weight`` values (default ``INFERENCE_MIN_WEIGHT``), and the tensors are plain CPU
+    float32 ones under none of the modes that must see ``aten`` products."""
     return (not (torch.is_grad_enabled()
                  and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
+            and weight.numel() >= (INFERENCE_MIN_WEIGHT if min_weight is None else min_weight)
             and _plain_cpu_float32(x, weight, bias))
 
 
