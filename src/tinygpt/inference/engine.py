@@ -56,13 +56,15 @@ class InferenceEngine:
     decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
     ``draft_model`` (a small model sharing the tokenizer): rows feed up to k draft tokens with their last token and
-    keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``).
+    keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``). ``compile``: decode
+    steps run the model through ``torch.compile`` (``runner.ModelRunner``).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
                  cache_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, prefix_reuse: bool = True,
                  speculative_tokens: int = 0, proposer: Proposer | None = None,
-                 draft_model: nn.Module | None = None, chunk_per_decode: int | None = None) -> None:
+                 draft_model: nn.Module | None = None, chunk_per_decode: int | None = None,
+                 compile: bool = False) -> None:
         for name, value in (("max_rows", max_rows), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -83,7 +85,7 @@ class InferenceEngine:
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_rows=max_rows, token_budget=token_budget,
                                    chunk_per_decode=chunk_per_decode)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, compile=compile)
         self.prefix_reuse = prefix_reuse
         if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
             raise ValueError(f"speculative_tokens={speculative_tokens!r} must be an integer >= 0")

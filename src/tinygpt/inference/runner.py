@@ -4,12 +4,20 @@
 returns each row's logits (only the positions the row needs: its last one, a draft's k + 1, a scoring row's scored
 ones). ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's
 tokens never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
+
+With ``compile``, a forward whose rows all decode (one token each, no LoRA adapters) runs the model through
+``torch.compile`` (inductor; ``dynamic=True``, so a row's growing key count and the batch size do not recompile;
+a new layout of decode groups does, up to dynamo's limit, after which that layout runs eager). On a small model a
+decode step's time is mostly the fixed cost of some 15 operations per layer, which inductor fuses; prompts and
+spans stay eager, their shapes vary too much to pay for compiling. Where compiling fails (no C++ compiler), it
+says why once on stderr and runs eager.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Sequence
+import sys
+from typing import Any, ContextManager, Sequence
 
 import torch
 from torch import nn
@@ -52,9 +60,27 @@ def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens:
 class ModelRunner:
     """The model and its paged cache; one ``forward`` per engine step."""
 
-    def __init__(self, model: nn.Module, cache: PagedKVCache) -> None:
+    def __init__(self, model: nn.Module, cache: PagedKVCache, *, compile: bool = False) -> None:
         self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
+        self.compiled: Any = torch.compile(model, dynamic=True) if compile else None  # the decode steps' model
+
+    def _model_for(self, slices: Sequence[RowSlice]) -> Any:
+        if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
+                or any(s.length != 1 for s in slices)):
+            return self.model
+        return self.compiled
+
+    def _run_model(self, model: Any, idx: torch.Tensor, batch: Any) -> torch.Tensor:
+        try:
+            return model(idx, cache=self.cache, pos=batch)[0]
+        except Exception as err:
+            if model is self.model:
+                raise
+            print(f"tinygpt: torch.compile failed, decoding eager from now on: {type(err).__name__}: "
+                  f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+            self.compiled = None
+            return self.model(idx, cache=self.cache, pos=batch)[0]  # rewrites the same cache slots
 
     def forward(self, plan: Sequence[tuple[Row, int]]) -> list[torch.Tensor]:
         """One forward over the plan's rows; each row's logits [m, V] (m may be 0), in plan order."""
@@ -66,7 +92,7 @@ class ModelRunner:
         ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
-            logits = self.model(idx, cache=self.cache, pos=batch)[0]  # [M, V]: only the tokens that need them
+            logits = self._run_model(self._model_for(slices), idx, batch)  # [M, V]: only the tokens that need them
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
         start = 0
         for i in order:
