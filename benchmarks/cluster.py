@@ -58,9 +58,22 @@ def _bodies(prompts: list[str], clients: int, requests: int, new_tokens: int) ->
              for r in range(requests)] for c in range(clients)]
 
 
-def _phase(impl: str, url: str, bodies: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    wall, records, _ = asyncio.run(load(url, bodies, seconds=WAIT_S))
-    return phase_row(impl, len(bodies), wall, records)
+def _phase(impl: str, url: str | list[str], bodies: list[list[dict[str, Any]]],
+           plain_pids: set[int] = frozenset()) -> dict[str, Any]:
+    """One load phase; with several ``url`` the clients are split between them evenly (the ceiling without Ray).
+    The row carries the cores each group of processes kept busy meanwhile (``cores``)."""
+    urls = [url] if isinstance(url, str) else url
+
+    async def all_servers() -> tuple[float, list[dict[str, Any]]]:
+        start = time.perf_counter()
+        parts = await asyncio.gather(*(load(u, bodies[i::len(urls)], seconds=WAIT_S) for i, u in enumerate(urls)))
+        return time.perf_counter() - start, [r for _, records, _ in parts for r in records]
+
+    before = _cpu_seconds(set(plain_pids))
+    wall, records = asyncio.run(all_servers())
+    row = phase_row(impl, len(bodies), wall, records)
+    row["cores"] = _cpu_share(before, _cpu_seconds(set(plain_pids)), wall)
+    return row
 
 
 def _replica_pids() -> set[int]:
@@ -74,6 +87,42 @@ def _replica_pids() -> set[int]:
         except psutil.Error:
             continue
     return found
+
+
+def _cpu_seconds(plain_pids: set[int]) -> dict[int, tuple[str, float]]:
+    """User + system CPU seconds so far of this process and every process under it, by pid, each with its group:
+    ``replicas`` (Ray Serve replicas of tinygpt), ``plain servers`` (``tinygpt serve`` without Ray), ``ray`` (every
+    other process Ray started: GCS, raylet, controller, proxy, dashboard, workers) and ``clients`` (this process:
+    the 32 streaming clients and the Ray driver)."""
+    import psutil
+
+    me = psutil.Process()
+    out: dict[int, tuple[str, float]] = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            if proc.pid == me.pid:
+                group = "clients"
+            elif proc.pid in plain_pids:
+                group = "plain servers"
+            elif "ServeReplica:tinygpt" in " ".join(proc.cmdline()):
+                group = "replicas"
+            else:
+                group = "ray"
+            out[proc.pid] = (group, times.user + times.system)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _cpu_share(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall: float
+               ) -> dict[str, float]:
+    """Cores each group kept busy between two ``_cpu_seconds`` samples (CPU seconds / wall seconds); a process
+    that started in between counts from zero, one that ended is lost (none end inside a measured phase)."""
+    share: dict[str, float] = {}
+    for pid, (group, seconds) in after.items():
+        share[group] = share.get(group, 0.0) + (seconds - before.get(pid, (group, 0.0))[1]) / wall
+    return {group: round(value, 3) for group, value in sorted(share.items())}
 
 
 def _load_average() -> list[float]:
@@ -191,13 +240,20 @@ def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens
         plain = ServerProcess("tinygpt serve", [sys.executable, "-m", "tinygpt", "serve", "--model", str(folder),
                                                 "--port", str(plain_port), "--model-name", "bench", "--max-batch",
                                                 str(clients), "--log-level", "warning"], plain_port, Path(tmp))
+        second_port = free_port()
+        second = ServerProcess("tinygpt serve 2", [sys.executable, "-m", "tinygpt", "serve", "--model", str(folder),
+                                                   "--port", str(second_port), "--model-name", "bench",
+                                                   "--max-batch", str(clients), "--log-level", "warning"],
+                               second_port, Path(tmp))
+        plain_pids = {plain.process.pid, second.process.pid}
         try:
             started = time.monotonic()
             url = run_replicas(str(folder), options, ReplicaOptions(replicas=1))
             result["ray_start_s"] = time.monotonic() - started
             plain.wait_ready(WAIT_S)
-            rows: dict[str, list[dict[str, Any]]] = {"plain": [], "ray1": [], "ray2": [], "plain_1": [],
-                                                     "ray1_1": []}
+            second.wait_ready(WAIT_S)
+            rows: dict[str, list[dict[str, Any]]] = {"plain": [], "plain2": [], "ray1": [], "ray2": [],
+                                                     "plain_1": [], "ray1_1": []}
             offset = 0
 
             def bodies(count: int) -> list[list[dict[str, Any]]]:
@@ -214,16 +270,22 @@ def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens
                     result.setdefault(f"redeploy_to_{replicas}_s", []).append(time.monotonic() - started)
                     _phase("warm-up", url, bodies(2))
                     rows[f"ray{replicas}"].append(_phase(f"Ray Serve, {replicas} replica(s) x 1 thread", url,
-                                                         bodies(clients)))
+                                                         bodies(clients), plain_pids))
                     if replicas == 1:
-                        rows["ray1_1"].append(_phase("Ray Serve, 1 replica, 1 client", url, bodies(1)))
-                rows["plain"].append(_phase("tinygpt serve (no Ray), 1 thread", plain.url, bodies(clients)))
-                rows["plain_1"].append(_phase("tinygpt serve (no Ray), 1 client", plain.url, bodies(1)))
+                        rows["ray1_1"].append(_phase("Ray Serve, 1 replica, 1 client", url, bodies(1), plain_pids))
+                rows["plain"].append(_phase("tinygpt serve (no Ray), 1 thread", plain.url, bodies(clients),
+                                            plain_pids))
+                rows["plain2"].append(_phase("2 x tinygpt serve (no Ray), clients split", [plain.url, second.url],
+                                             bodies(clients), plain_pids))
+                rows["plain_1"].append(_phase("tinygpt serve (no Ray), 1 client", plain.url, bodies(1), plain_pids))
             result["rows"] = {key: median_row(value) for key, value in rows.items() if value}
             one, two = result["rows"]["ray1"], result["rows"]["ray2"]
             result["speedup_2_over_1"] = two["tokens_per_s"] / one["tokens_per_s"]
             result["per_round_speedup"] = [b["tokens_per_s"] / a["tokens_per_s"]
                                            for a, b in zip(rows["ray1"], rows["ray2"])]
+            # the machine's own ceiling: two engines on two cores with the clients beside them, no Ray
+            result["plain_2_over_1"] = result["rows"]["plain2"]["tokens_per_s"] / result["rows"]["plain"]["tokens_per_s"]
+            result["cores_busy"] = {key: [r["cores"] for r in value] for key, value in rows.items() if value}
             p1, r1 = result["rows"]["plain_1"], result["rows"]["ray1_1"]
             result["proxy_1_client"] = {"tokens_per_s_ratio": r1["tokens_per_s"] / p1["tokens_per_s"],
                                         "ttft_p50_extra_ms": r1["ttft_p50_ms"] - p1["ttft_p50_ms"],
@@ -235,6 +297,7 @@ def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens
             result["autoscale"] = _autoscale(url, folder, prompts, new_tokens)
         finally:
             plain.stop()
+            second.stop()
             shutdown()
     result["load_average_after"] = _load_average()
     return result
@@ -251,6 +314,10 @@ def table(result: dict[str, Any]) -> str:
         text,
         f"2 replicas / 1 replica at {result['clients']} clients: {result['speedup_2_over_1']:.2f}x "
         f"(rounds: {', '.join(f'{x:.2f}' for x in result['per_round_speedup'])}; target >= 1.6x)",
+        f"without Ray, 2 x tinygpt serve (clients split) / 1 x tinygpt serve: {result['plain_2_over_1']:.2f}x",
+        *(f"cores busy, {key} (per round): " + "; ".join(", ".join(f"{g} {v:.2f}" for g, v in r.items())
+                                                          for r in rounds)
+          for key, rounds in result["cores_busy"].items() if key in ("ray1", "ray2", "plain", "plain2")),
         f"Ray's proxy at 1 client: {proxy['tokens_per_s_ratio']:.2f}x the plain server's tok/s, TTFT p50 "
         f"{proxy['ttft_p50_extra_ms']:+.1f} ms, per-token p50 {proxy['per_token_p50_extra_ms']:+.2f} ms",
         f"killed replica: in-flight requests {kill['in_flight']}; a replacement process after "

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
                         help="a nanoGPT checkout: time its train.py on the same recipe, side by side")
     parser.add_argument("--repeat", type=int, default=1, help="with --nanogpt: pairs of runs (default: 1)")
+    parser.add_argument("--nanogpt-steps", type=int, default=None,
+                        help="with --nanogpt: nanoGPT's steps when they differ from tinygpt's --steps (default: "
+                             "the same); e.g. a shorter tinygpt schedule that ends at nanoGPT's final loss")
     parser.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw", help="tinygpt's optimizer")
     parser.add_argument("--muon-lr", type=float, default=0.02, help="tinygpt's Muon rate (default: 0.02)")
     parser.add_argument("--block", choices=("gpt2", "modern"), default="gpt2",
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps {args.steps}: must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads {args.threads}: must be >= 1")
+    if args.nanogpt_steps is not None and args.nanogpt_steps < 1:
+        parser.error(f"--nanogpt-steps {args.nanogpt_steps}: must be >= 1")
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: must be >= 1")
     if args.nanogpt is not None:
@@ -213,7 +218,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     if summary["tinygpt"]["seconds_to_target"] is not None and summary["nanogpt"]["seconds_to_target"] is not None:
         ratios["seconds_to_target"] = statistics.median(
             t["seconds_to_target"] / n["seconds_to_target"] for t, n in zip(runs["tinygpt"], runs["nanogpt"]))
-    return {"steps": args.steps, "repeat": args.repeat, "threads": args.threads, "torch": torch.__version__,
+    return {"optimizer": args.optimizer, "block": args.block, "steps": args.steps, "nanogpt_steps": args.nanogpt_steps or args.steps, "repeat": args.repeat, "threads": args.threads, "torch": torch.__version__,
             "median": summary, "ratio_tinygpt_over_nanogpt": ratios, "runs": runs}
 
 
@@ -248,8 +253,9 @@ def _nanogpt_process(args: argparse.Namespace, work: Path, env: dict[str, str]) 
         shutil.copyfile(args.nanogpt / name, work / name)
     data_dir = work / "data" / "shakespeare_char"
     shutil.copyfile(args.data, data_dir / "input.txt")  # prepare.py downloads the text only when this is missing
-    train_args = ["config/train_shakespeare_char.py", *NANOGPT_CPU_OVERRIDES, f"--max_iters={args.steps}",
-                  f"--lr_decay_iters={args.steps}", "--out_dir=out",
+    steps = args.nanogpt_steps or args.steps
+    train_args = ["config/train_shakespeare_char.py", *NANOGPT_CPU_OVERRIDES, f"--max_iters={steps}",
+                  f"--lr_decay_iters={steps}", "--out_dir=out",
                   *([f"--eval_interval={args.eval_every}"] if args.eval_every else [])]
     start = time.perf_counter()
     _run([sys.executable, "prepare.py"], cwd=data_dir, env=env, log=work / "prepare-log.txt")
@@ -306,7 +312,9 @@ def side_by_side_table(f: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
-    note = (f"{f['steps']} steps, median of {f['repeat']} pair(s), each run a fresh process timed start to exit "
+    steps = f"{f['steps']} steps" if f.get("nanogpt_steps", f["steps"]) == f["steps"] else \
+        f"tinygpt {f['steps']} steps, nanoGPT {f['nanogpt_steps']}"
+    note = (f"{steps}, tinygpt {f['optimizer']} with the {f['block']} block, median of {f['repeat']} pair(s), each run a fresh process timed start to exit "
             f"(nanoGPT: prepare.py + train.py)")
     return "\n".join(lines + [note])
 

@@ -195,3 +195,39 @@ def test_a_killed_replica_ends_its_requests_with_an_error_and_comes_back(cluster
         time.sleep(0.05)
     print(f"replica serving again {time.monotonic() - killed_at:.1f} s after the kill")
     assert str(victim) not in served and {int(p) for p in served} == now
+
+
+def _scrape_each_replica(url: str) -> dict[str, dict[str, float]]:
+    """``/metrics`` through Ray's proxy until both replicas have answered (bounded): per replica, every sample's
+    value by name (labels dropped: one model per replica)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(40):
+        response = httpx.get(url + "/metrics", timeout=WAIT_S)
+        assert response.status_code == 200, response.text
+        samples = {s.name: s.value for family in text_string_to_metric_families(response.text)
+                   for s in family.samples}
+        seen.setdefault(response.headers["x-tinygpt-replica"], samples)
+        if len(seen) == 2:
+            return seen
+    raise AssertionError(f"40 scrapes reached only {sorted(seen)}")
+
+
+def test_metrics_are_per_replica_and_count_what_each_replica_served(cluster):
+    pytest.importorskip("prometheus_client")
+    url, _ = cluster
+    before = _scrape_each_replica(url)
+    served: dict[str, int] = {}
+    for i in range(8):
+        response = _complete(url, PROMPTS[i], 6)
+        assert response.status_code == 200, response.text
+        replica = response.headers["x-tinygpt-replica"]
+        served[replica] = served.get(replica, 0) + response.json()["usage"]["completion_tokens"]
+    after = _scrape_each_replica(url)
+    assert set(before) == set(after)  # the same two replicas (none was replaced meanwhile)
+    for replica, samples in after.items():
+        assert samples["vllm:num_requests_running"] == 0 and samples["vllm:num_requests_waiting"] == 0
+        assert 0 <= samples["vllm:kv_cache_usage_perc"] <= 1
+        grown = samples["vllm:generation_tokens_total"] - before[replica]["vllm:generation_tokens_total"]
+        assert grown == served.get(replica, 0), replica  # each replica counts only what it served

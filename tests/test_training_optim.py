@@ -150,3 +150,19 @@ def test_bad_muon_settings_are_refused(tmp_path, prepared):
                                (dict(muon_momentum=1.0), "muon_momentum")):
         with pytest.raises(ValueError, match=message):
             train(muon_options(tmp_path / "bad", prepared, **overrides))
+
+
+def test_muon_with_lora_is_refused_in_one_line_before_any_step(tmp_path, alignment_model_dir, capsys):
+    """Muon orthogonalises whole weight matrices; a LoRA run trains low-rank adapters, so the pair is refused."""
+    from conftest import INSTRUCTION_DATA
+    from tinygpt.cli import main
+
+    if not INSTRUCTION_DATA.is_file():
+        pytest.skip(f"needs the instruction data at {INSTRUCTION_DATA}")
+    code = main(["sft", "--model", str(alignment_model_dir), "--data", str(INSTRUCTION_DATA), "--limit", "8",
+                 "--out", str(tmp_path / "run"), "--batch-size", "4", "--max-steps", "2", "--no-progress",
+                 "--lora-r", "2", "--optimizer", "muon"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "--optimizer muon trains full weights" in err and "--optimizer adamw" in err
+    assert "Traceback" not in err and not list((tmp_path / "run").glob("step-*"))
