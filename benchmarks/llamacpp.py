@@ -9,7 +9,7 @@ source (about 6 minutes on a quiet 2-core machine, 25 or more on a busy one):
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
     cmake --build build -j2 --target llama-bench llama-server
 
-    python -m benchmarks.llamacpp --llama-bin llama.cpp/build/bin --threads 1
+    python -m benchmarks.llamacpp --llama-bin llama.cpp/build/bin --threads 1 [--compile]
 
 Each GGUF type is paired with the tinygpt weight type that stores the same bytes per weight or close: f32 with
 float32, f16 with bfloat16 (two bytes), q8_0 with int8 (one byte and a scale: per 32 values in q8_0, per output
@@ -17,7 +17,9 @@ channel in tinygpt). tinygpt loads the model it exported (float32) and converts 
 llama.cpp's figures come from ``llama-bench`` (tg = decode, pp = prompt), tinygpt's from the same measurement
 in-process (``generate`` at batch 1 for decode, one forward over the prompt); the two alternate per round.
 Greedy agreement: each prompt's greedy tokens from ``llama-server`` (/completion with token ids, temperature 0)
-against tinygpt's with the same type, as the share of tokens equal before the first difference.
+against tinygpt's with the same type, as the share of tokens equal before the first difference. tinygpt decodes
+with the engine's lean step; ``--compile`` adds a second tinygpt decode column with the step compiled
+(``GenerationConfig(compile=True)``; the compile itself happens in the warm-up, outside the timings).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, 
 
 
 def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, prompt: int, decode: int,
-        repeats: int, types: list[str]) -> dict[str, Any]:
+        repeats: int, types: list[str], compile: bool = False) -> dict[str, Any]:
     torch.set_num_threads(threads)
     model.eval()
     v, c = model.config.vocab_size, model.config.context_length
@@ -125,13 +127,16 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             convert_weights(ours, PAIRS[kind])
             theirs: list[dict[str, float]] = []
             with torch.inference_mode():
-                stats = {"decode": [], "prompt": []}
+                stats: dict[str, list[float]] = {"decode": [], "prompt": [], "compiled": []}
+                timed = {"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
+                         "prompt": lambda: ours(long_prompt, last_only=True)}
+                if compile:
+                    timed["compiled"] = lambda: generate(ours, [prompts[0]], max_new_tokens=decode, compile=True)
                 for _ in range(repeats):  # alternate: llama.cpp, then tinygpt, per round
                     theirs.append(llama_bench(binary, gguf, threads=threads, prompt=prompt, decode=decode))
-                    t = time_interleaved({"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
-                                          "prompt": lambda: ours(long_prompt, last_only=True)}, warmup=1, repeats=1)
-                    stats["decode"].append(decode / t["decode"]["median_s"])
-                    stats["prompt"].append(prompt / t["prompt"]["median_s"])
+                    t = time_interleaved(timed, warmup=1, repeats=1)
+                    for name in timed:
+                        stats[name].append((prompt if name == "prompt" else decode) / t[name]["median_s"])
                 mine = generate(ours, prompts, max_new_tokens=32).rows()
             ref = llama_greedy(binary, gguf, prompts, 32, threads=threads)
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -140,6 +145,8 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
                          med(stats["decode"]), "decode_ratio": med(stats["decode"]) / l_dec, "llama_prompt": l_pre,
                          "tinygpt_prompt": med(stats["prompt"]), "prompt_ratio": med(stats["prompt"]) / l_pre,
                          "greedy_agreement": agreement(ref, mine)})
+            if compile:
+                rows[-1].update(tinygpt_compiled=med(stats["compiled"]), compiled_ratio=med(stats["compiled"]) / l_dec)
     return {"threads": threads, "prompt": prompt, "decode": decode, "config": dataclasses.asdict(model.config),
             "rows": rows}
 
@@ -149,7 +156,9 @@ def table(result: dict[str, Any]) -> str:
             f"tokens; ratio = tinygpt / llama.cpp")
     return head + "\n" + format_table(result["rows"], [
         ("gguf", "llama.cpp file"), ("tinygpt", "tinygpt weights"), ("llama_decode", "llama.cpp decode tok/s"),
-        ("tinygpt_decode", "tinygpt decode tok/s"), ("decode_ratio", "ratio"), ("llama_prompt", "llama.cpp pp tok/s"),
+        ("tinygpt_decode", "tinygpt decode tok/s"), ("decode_ratio", "ratio"),
+        *([("tinygpt_compiled", "compiled tok/s"), ("compiled_ratio", "ratio")] if "tinygpt_compiled" in
+          (result["rows"] or [{}])[0] else []), ("llama_prompt", "llama.cpp pp tok/s"),
         ("tinygpt_prompt", "tinygpt pp tok/s"), ("prompt_ratio", "ratio"), ("greedy_agreement", "greedy agree")])
 
 
@@ -163,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also time tinygpt's decode step compiled")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
 
@@ -183,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.manual_seed(0)
             model = GPTModel(SHAPES[args.shape])
         return run(binary, model, tokenizer_for(model, args.model), threads=args.threads, prompt=args.prompt, decode=args.decode,
-                   repeats=args.repeats, types=types)
+                   repeats=args.repeats, types=types, compile=args.compile)
 
     return run_and_report(parser, compute, table, args.json)
 

@@ -82,6 +82,8 @@ def test_a_compile_that_fails_says_so_once_and_decodes_eager(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err.count("torch.compile failed, decoding eager from now on: RuntimeError: InvalidCxxCompiler") == 1
     assert engine.runner.compiled is None
+    assert generate(model, PROMPTS[:1], max_new_tokens=3, compile=True).rows() == [_offline(model, PROMPTS[0], 3)]
+    assert capsys.readouterr().err == ""  # that model is not compiled again
 
 
 def test_compile_is_a_checked_setting():

@@ -162,6 +162,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight: LoRA's base) or ``trained_applies`` (training a weight, in products large enough to gain); everything
     else (small trained products, other devices and dtypes, autocast) is plain ``F.linear``.
     """
+    if weight.numel() < INFERENCE_MIN_WEIGHT and not torch.is_grad_enabled():
+        return F.linear(x, weight, bias)  # what the three rules below give here, without their checks per call
     if applies(x, weight, bias):
         return onednn_linear(x, weight, bias)
     if frozen_applies(x, weight, bias):

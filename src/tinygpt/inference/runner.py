@@ -9,14 +9,16 @@ With ``compile``, a forward whose rows all decode (one token each, no LoRA adapt
 ``torch.compile`` (inductor; ``dynamic=True``, so a row's growing key count and the batch size do not recompile;
 a new layout of decode groups does, up to dynamo's limit, after which that layout runs eager). On a small model a
 decode step's time is mostly the fixed cost of some 15 operations per layer, which inductor fuses; prompts and
-spans stay eager, their shapes vary too much to pay for compiling. Where compiling fails (no C++ compiler), it
-says why once on stderr and runs eager.
+spans stay eager, their shapes vary too much to pay for compiling. Where compiling a model fails (no C++
+compiler, a weight type inductor cannot lower), it says why once on stderr and that model decodes eager from then
+on, in every engine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from typing import Any, ContextManager, Sequence
 
 import torch
@@ -57,13 +59,17 @@ def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens:
     return use_adapters(model, [index + [-1] * (num_tokens - len(index))])  # [1, N], as the packed ids
 
 
+_COMPILE_FAILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose compile failed: eager for good
+
+
 class ModelRunner:
     """The model and its paged cache; one ``forward`` per engine step."""
 
     def __init__(self, model: nn.Module, cache: PagedKVCache, *, compile: bool = False) -> None:
         self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
-        self.compiled: Any = torch.compile(model, dynamic=True) if compile else None  # the decode steps' model
+        self.compiled: Any = (torch.compile(model, dynamic=True)  # the decode steps' model
+                              if compile and model not in _COMPILE_FAILED else None)
 
     def _model_for(self, slices: Sequence[RowSlice]) -> Any:
         if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
@@ -80,6 +86,7 @@ class ModelRunner:
             print(f"tinygpt: torch.compile failed, decoding eager from now on: {type(err).__name__}: "
                   f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
             self.compiled = None
+            _COMPILE_FAILED.add(self.model)
             return self.model(idx, cache=self.cache, pos=batch)[0]  # rewrites the same cache slots
 
     def forward(self, plan: Sequence[tuple[Row, int]]) -> list[torch.Tensor]:
