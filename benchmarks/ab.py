@@ -8,6 +8,7 @@
     python -m benchmarks.ab trained [--repeats 7] [--products 1024x768x2304,768x128x512]
     python -m benchmarks.ab train-gpt2 [--repeats 3] [--layers 4] [--shapes 2x512]
     python -m benchmarks.ab refactor --before DIR [--after DIR] [--rounds 5] [--repeats 5] [--quick]
+    python -m benchmarks.ab inference [--repeats 7] [--products 1x128x512,16x128x512,...] [--threads 1]
     python -m benchmarks.ab decode [--repeats 7] [--models char,gpt2-small] [--weights float32,bfloat16]
                                    [--rows 1,16] [--new-tokens 64] [--threads 1] [--compile] [--quick]
 
@@ -31,6 +32,8 @@ backward, step) at gpt2-small's shapes (D = 768, 12 heads, V = 50257, biased QKV
 blocks, B x T tokens from ``--shapes``): A with the trained-weight route switched off (``disabled("train")``: the code
 before it), B as it is now, and Hugging Face's ``GPT2LMHeadModel`` from the same weights, interleaved.
 ``refactor`` is different: it times two checkouts against each other in child processes (``benchmarks.ab_refactor``).
+``inference`` times one inference product per shape ROWSxINxOUT (no autograd), ``F.linear`` (BLAS) against
+oneDNN's kernel, with the kernel the rule (``fast.onednn.INFERENCE_MIN_WEIGHT``) picks.
 ``decode`` times the lean decode step (``tinygpt.generate``, greedy, a 16-token prompt and ``--new-tokens`` new
 tokens per row, ``--threads`` torch threads) on the default ``tinygpt train`` model's shapes ("char": V = 65,
 C = 128, D = 128, 4 heads, 4 layers) and gpt2-small's, per weight type (``fast.weights``) and row count: A is the
@@ -163,6 +166,46 @@ def parse_products(text: str) -> list[tuple[int, int, int]]:
     if not products or any(len(p) != 3 or min(p) < 1 for p in products):
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ROWSxINxOUT, e.g. 1024x768x2304")
     return products  # type: ignore[return-value]
+
+
+# The default ``tinygpt train`` model's weights (128 x 384 .. 512 x 128, its 65-wide head), a middle size, then
+# gpt2-small's, at 1, 16 and 128 rows
+INFERENCE_PRODUCTS = ",".join(f"{rows}x{shape}" for shape in ("128x384", "128x512", "512x128", "128x65", "256x1024",
+                                                              "768x768", "768x2304", "768x3072", "3072x768")
+                              for rows in (1, 16, 128))
+
+
+def run_inference_products(repeats: int, products: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """One inference product per shape: F.linear (A) against oneDNN (B), and which one the rule takes."""
+    from tinygpt.fast import onednn
+
+    if not onednn.available():
+        raise SystemExit("this torch has no oneDNN linear kernel: nothing to compare")
+    rows = []
+    for n, d_in, d_out in products:
+        generator = torch.Generator().manual_seed(6)
+        x, weight = torch.randn(n, d_in, generator=generator), torch.randn(d_out, d_in, generator=generator)
+        bias = torch.randn(d_out, generator=generator)
+        calls = max(1, int(2e7 // (n * d_in * d_out)))  # about 20 M multiply-adds per timed call
+
+        def timed(product: Callable[..., torch.Tensor]) -> Callable[[], None]:
+            def call() -> None:
+                for _ in range(calls):
+                    product(x, weight, bias)
+
+            return call
+
+        with torch.inference_mode():
+            diff = float((F.linear(x, weight, bias) - onednn.onednn_linear(x, weight, bias)).abs().max())
+            stats = time_interleaved({"A (F.linear)": timed(F.linear), "B (oneDNN)": timed(onednn.onednn_linear)},
+                                     warmup=1, repeats=repeats)
+        taken = weight.numel() >= onednn.INFERENCE_MIN_WEIGHT
+        for name, st in stats.items():
+            rows.append({"case": f"{n}x{d_in}x{d_out}", "variant": name, **st,
+                         "time_ms": f"{st['median_s'] / calls * 1e6:.1f} us", "speedup":
+                         stats["A (F.linear)"]["median_s"] / st["median_s"], "max_abs_diff": f"{diff:.1e}",
+                         "rule": "oneDNN" if taken else "F.linear"})
+    return {"experiment": "inference", "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
 
 
 def run_trained(repeats: int, products: list[tuple[int, int, int]]) -> dict[str, Any]:
@@ -322,12 +365,13 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
     parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train", "trained",
-                                                         "train-gpt2", "refactor", "decode"])
+                                                         "train-gpt2", "refactor", "decode", "inference"])
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated BxT (default: 1x128,1x1024,8x256; train-gpt2: 2x512)")
     parser.add_argument("--layers", type=int, default=4, help="train-gpt2: gpt2-small blocks (default: 4)")
-    parser.add_argument("--products", type=parse_products, default=parse_products(TRAINED_PRODUCTS),
-                        help="trained: comma-separated ROWSxINxOUT (default: gpt2-small's and shakespeare-char's)")
+    parser.add_argument("--products", type=parse_products, default=None,
+                        help="trained, inference: comma-separated ROWSxINxOUT (default: gpt2-small's and the small "
+                             "models')")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; refactor: 5 per child)")
     parser.add_argument("--before", metavar="DIR", help="refactor: the checkout before the change")
     parser.add_argument("--after", metavar="DIR", default=str(Path(__file__).resolve().parents[1]),
@@ -338,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weights", default="float32,bfloat16", help="decode: weight types (fast.weights)")
     parser.add_argument("--rows", default="1,16", help="decode: rows decoded at once, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=64, help="decode: new tokens per row")
-    parser.add_argument("--threads", type=int, default=1, help="decode: torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="decode, inference: torch threads")
     parser.add_argument("--compile", action="store_true", help="decode: also time C, the lean step compiled")
     parser.add_argument("--json", metavar="PATH", help="refactor: write the result here")
     args = parser.parse_args(argv)
@@ -371,8 +415,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             ("start_up_s", "compile s")]))
         return 0
     pin_threads()
+    if args.experiment == "inference":
+        torch.set_num_threads(args.threads)
+        result = run_inference_products(args.repeats, args.products or parse_products(INFERENCE_PRODUCTS))
+        print(f"{result['threads']} thread(s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(format_table(result["rows"], [("case", "rows x in x out"), ("variant", "variant"),
+                                            ("time_ms", "per product (median)"), ("speedup", "speedup vs A"),
+                                            ("max_abs_diff", "|A-B|"), ("rule", "the rule takes")]))
+        return 0
     if args.experiment == "trained":
-        result = run_trained(args.repeats, args.products)
+        result = run_trained(args.repeats, args.products or parse_products(TRAINED_PRODUCTS))
         print(format_table(result["rows"], [("case", "rows x in x out"), ("variant", "variant"),
                                             ("time_ms", "ms median [min-max]"), ("speedup", "speedup vs A"),
                                             ("min_speedup", "speedup of the minima"), ("max_abs_diff", "|A-B|"),

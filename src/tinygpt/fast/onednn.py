@@ -73,12 +73,12 @@ def _plain_cpu_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 TRAINED_MIN_MACS = 1 << 28  # rows * in * out of the forward's product (each of the three products has as many)
 
 
-# The rule for inference, from ``python -m benchmarks.ab small-linear`` (one product per weight shape and row count,
-# oneDNN against BLAS) on the 2-core AMD EPYC this was written on: a oneDNN call costs some 15-20 us whatever its
-# size, so on a small model's weights (the default ``tinygpt train`` model: 128 x 512 at most) BLAS's product is
-# 1.4-13x faster at 1 and 16 rows and no slower at 128; from about gpt2-small's narrowest weight (768 x 768)
-# oneDNN ties or wins. A rule on the weight alone (not the rows), so a weight's prompt and decode products take
-# one kernel.
+# The rule for inference, from ``python -m benchmarks.ab inference`` (one product per weight shape and row count,
+# oneDNN against BLAS) on the 2-core AMD EPYC this was written on: a oneDNN call has a fixed cost of tens of
+# microseconds, so on a small model's weights (the default ``tinygpt train`` model: 128 x 512 at most) BLAS's
+# product is several times faster at 1 and 16 rows and no slower at 128, while from about gpt2-small's weights
+# oneDNN ties or wins (docs/performance.md). A rule on the weight alone (not the rows), so a weight's prompt and
+# decode products take one kernel.
 INFERENCE_MIN_WEIGHT = 1 << 18  # weight.numel() (in * out) from which inference products run on oneDNN
 
 
