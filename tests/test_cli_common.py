@@ -183,3 +183,37 @@ def test_every_field_makes_flags_of_fields_without_help():
     add_options(parser, Demo, every_field=True, metadata={"budget": {"help": "at most N", "metavar": "N"}})
     assert options_from_args(Demo, parser.parse_args(["--budget", "4", "--no-fast"])) == Demo(budget=4, fast=False)
     assert "at most N" in parser.format_help() and "--ids" not in parser.format_help()
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "tinygpt"):
+    """(name, parser) of every command and subcommand under ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prefix} {name}", sub
+                yield from _commands(sub, f"{prefix} {name}")
+
+
+def test_every_flag_of_every_command_comes_from_an_options_field():
+    """No flag is written by hand with add_argument: each is made by add_options from a dataclass field (its help,
+    type and default in one place)."""
+    commands = dict(_commands(build_parser()))
+    assert {"tinygpt prepare", "tinygpt verify", "tinygpt convert", "tinygpt merge", "tinygpt experiment prepost",
+            "tinygpt serve", "tinygpt arithmetic-task"} <= set(commands)
+    by_hand = [f"{name} {action.option_strings or action.dest}" for name, parser in commands.items()
+               for action in parser._actions
+               if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+               and not getattr(action, "from_options", None)]
+    assert by_hand == []
+
+
+
+def test_the_torch_free_copies_of_choices_match_their_source():
+    """command_options keeps the choices of --dtype, --weights and --type without importing torch: the same lists."""
+    from tinygpt import command_options, devices
+    from tinygpt.fast import weights
+    from tinygpt.interop import gguf
+
+    assert command_options.DTYPES == devices.DTYPES
+    assert command_options.WEIGHT_TYPES == weights.WEIGHT_TYPES
+    assert command_options.GGUF_TYPES == gguf.GGUF_TYPES

@@ -343,3 +343,29 @@ def test_one_json_reader_words_its_errors_and_its_probe_says_none(tmp_path):
         with pytest.raises(ValueError, match=f"{path.name}: {why}"):
             read_json_object(path)
         assert json_object_or_none(path) is None
+
+
+@pytest.mark.parametrize("command, name, content, fragment", [
+    ("params --config {}", "none.json", None, "none.json: not a readable JSON file: there is no such file"),
+    ("params --config {}", "bad.json", b"{oops", "bad.json: not a readable JSON file: not valid JSON (Expecting "
+                                                 "property name enclosed in double quotes at line 1 column 2)"),
+    ("params --model {}", "config.json", b"[1]", "config.json: expected a JSON object, got list"),
+    ("merge --out {tmp}/out --adapter {}", "adapter_config.json", b"{", "adapter_config.json: not a readable JSON "
+                                                                         "file: not valid JSON"),
+    ("train --out {tmp}/run --no-progress --prepared {}", "prepared.json", b"\xff{}",
+     "prepared.json: not a readable JSON file: not UTF-8"),
+])
+def test_a_bad_json_file_is_one_line_naming_it_at_the_command_line(tmp_path, capsys, command, name, content,
+                                                                   fragment):
+    """Every JSON file is read by read_json_object: missing, not JSON, not UTF-8 or not an object, the command
+    says so in one line naming the file."""
+    from conftest import one_line_error
+    from tinygpt.cli import main
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    if content is not None:
+        (folder / name).write_bytes(content)
+    target = folder if command.startswith(("merge", "train", "params --model")) else folder / name
+    assert main(command.format(target, tmp=tmp_path).split()) == 2
+    one_line_error(capsys, f"{folder / name}: ", fragment)

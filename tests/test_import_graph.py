@@ -31,7 +31,9 @@ RANK = {
     "cli": 12,
 }
 MODEL_FILES = {"config", "layers", "model", "rope"}
-MODEL_MAY_IMPORT = {"tinygpt.config", "tinygpt.checks", "tinygpt.rope", "tinygpt.layers", "tinygpt.fast"}
+# fileio: the one JSON reader (GPTConfig.from_file), a standard-library leaf at rank 0
+MODEL_MAY_IMPORT = {"tinygpt.config", "tinygpt.checks", "tinygpt.fileio", "tinygpt.rope", "tinygpt.layers",
+                    "tinygpt.fast"}
 
 
 def _modules(src: Path) -> dict[str, Path]:

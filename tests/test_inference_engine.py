@@ -308,3 +308,53 @@ def test_a_draft_model_must_share_the_vocabulary():
         InferenceEngine(model, draft_model=_draft_model("gpt2", seed=1))
     with pytest.raises(ValueError, match="vocab_size=60 differs"):
         generate(model, [[1, 2]], max_new_tokens=2, draft_model=_draft_model("gpt2", seed=1, vocab_size=60))
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "gqa"])
+def test_embedding_rows_pool_what_the_plain_forward_gives_beside_generation_and_preemption(variant):
+    model = variant_model(variant)  # float64: the engine's chunks and the plain forward agree to rounding
+    inputs = [list(range(3, 43)), [9, 8, 7], list(range(40, 51))]
+    with torch.inference_mode():
+        states = [model.hidden_states(torch.tensor([ids]))[0] for ids in inputs]  # [T, D] each
+    gen = Row([1, 2, 3, 4], GenerationConfig(max_new_tokens=30))
+    # 12 blocks of 4: the growing generation row preempts the long embedding row mid-prefill (it restarts)
+    engine = InferenceEngine(model, max_rows=2, block_size=4, cache_tokens=48, token_budget=8)
+    engine.add(gen)
+    rows = [engine.add(Row(ids, None, pooling=pooling)) for ids in inputs for pooling in ("mean", "last")]
+    engine.run_until_done()
+    assert engine.scheduler.preemptions >= 1 and engine.blocks.all_free()
+    assert gen.tokens[4:] == _alone(model, Row([1, 2, 3, 4], GenerationConfig(max_new_tokens=30)))
+    for k, row in enumerate(rows):
+        want = states[k // 2].mean(0) if row.pooling == "mean" else states[k // 2][-1]
+        assert row.finish_reason == "length"
+        torch.testing.assert_close(row.embedding, want.float(), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="pooling"):
+        engine.add(Row([1, 2], None, pooling="max"))
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "gqa"])
+def test_a_scoring_row_preempted_mid_prefill_scores_and_hands_out_each_position_once(variant):
+    model = variant_model(variant)
+    tokens = list(range(3, 43))
+    scored = 30  # its scored positions span several chunks, some before the preemption and some after
+    gen = Row([1, 2, 3, 4], GenerationConfig(max_new_tokens=30))
+    # 12 blocks of 4: the growing generation row preempts the long scoring row mid-prefill (it restarts)
+    engine = InferenceEngine(model, max_rows=2, block_size=4, cache_tokens=48, token_budget=8)
+    engine.add(gen)
+    row = engine.add(Row(tokens, None, scored=scored, want_logits=True, reuse=False))
+    handed: list[torch.Tensor] = []
+    for _ in range(200):  # bounded; the work ends long before
+        if not engine.has_work:
+            break
+        for out in engine.step():
+            if out.row is row and out.logits is not None:
+                handed.append(out.logits)
+    assert engine.scheduler.preemptions >= 1 and engine.blocks.all_free()
+    with torch.inference_mode():
+        logits = model(torch.tensor([tokens[:-1]]))[0]  # [T - 1, V]
+    logp = logits.log_softmax(-1)
+    want = sum(float(logp[len(tokens) - 1 - scored + i, tokens[len(tokens) - scored + i]]) for i in range(scored))
+    assert row.score.logprob == pytest.approx(want, abs=1e-9)  # each scored position counted once
+    got = torch.cat(handed)
+    assert got.shape[0] == scored  # and its logits handed out once
+    torch.testing.assert_close(got, logits[-scored:], atol=1e-9, rtol=0)

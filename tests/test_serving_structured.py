@@ -18,10 +18,12 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from serving_support import live_server, tiny_model, tokenizer, wait_until
+from serving_support import live_server, offline, tiny_model, tokenizer, wait_until
 from tinygpt import generate
 from tinygpt.inference.grammar import compile_grammar
 from tinygpt.serving.embeddings import embed
+from tinygpt.serving.structured import parse_tools
+from tinygpt.serving.tool_calls import ToolCallReader, tool_calls
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
@@ -62,6 +64,16 @@ def _offline(model, prompt: str, kind: str, source, max_tokens: int) -> str:
     ({"grammar": 'root ::= ("cat" | "dog") " " ("runs" | "sleeps")'}, "grammar",
      'root ::= ("cat" | "dog") " " ("runs" | "sleeps")', lambda t: re.fullmatch("(cat|dog) (runs|sleeps)", t)
      or pytest.fail(t)),
+    # vLLM's names for the same constraints
+    ({"guided_json": SCHEMA}, "json_schema", SCHEMA, lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json_schema", SCHEMA,
+     lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    ({"guided_choice": ["red wine", "blue", "green tea"]}, "choice", ["red wine", "blue", "green tea"],
+     lambda t: t in ("red wine", "blue", "green tea") or pytest.fail(t)),
+    ({"structured_outputs": {"regex": r"[0-9]{3}x"}}, "regex", r"[0-9]{3}x",
+     lambda t: re.fullmatch(r"[0-9]{3}x", t) or pytest.fail(t)),
+    ({"guided_grammar": 'start: "ab" | "cd"'}, "grammar", 'start: "ab" | "cd"',
+     lambda t: t in ("ab", "cd") or pytest.fail(t)),
 ])
 def test_a_served_constrained_greedy_row_equals_offline_constrained_generate(server, field, kind, source, check):
     model = server.app.state.tinygpt.model
@@ -74,6 +86,33 @@ def test_a_served_constrained_greedy_row_equals_offline_constrained_generate(ser
     streamed = _http(server).post("/v1/completions", json={**body, "stream": True}).text
     pieces = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
     assert "".join(p["choices"][0]["text"] for p in pieces) == text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tokens_report_the_logprob_of_the_forward_that_fed_them(server, stream):
+    model = server.app.state.tinygpt.model
+    prompt = tokenizer().encode("Plan a trip:")
+    body = {"prompt": "Plan a trip:", "max_tokens": 60, "temperature": 0, "logprobs": 2, "guided_json": SCHEMA}
+    grammar = compile_grammar("json_schema", SCHEMA, tokenizer(), model.config.vocab_size)
+    result = generate(model, [prompt], max_new_tokens=60, eos_id=tokenizer().eot_id,
+                      constraints=[grammar.constraint()])
+    answer, forced = result.rows()[0], result.forced[0]
+    if stream:
+        lines = _http(server).post("/v1/completions", json={**body, "stream": True}).text.splitlines()
+        pieces = [json.loads(x[6:])["choices"][0]["logprobs"] for x in lines if x.startswith("data: {")]
+        got = [lp for p in pieces if p for lp in p["token_logprobs"]]
+    else:
+        got = _http(server).post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(got) == len(answer) and sum(forced) >= 3
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + answer]))[0].log_softmax(-1)  # [T, V]
+    ending = len(answer) - max(i for i, f in enumerate(forced) if not f) - 1  # forced after the last draw
+    assert any(forced[:len(answer) - ending])  # forced tokens between draws: scored by the next forward
+    for t, (token, lp) in enumerate(zip(answer, got)):
+        if t >= len(answer) - ending:  # never fed: the row ended with them
+            assert lp is None
+        else:
+            assert lp == pytest.approx(float(logp[len(prompt) + t - 1, token]), abs=1e-4), (t, forced[t])
 
 
 class Trip(BaseModel):
@@ -126,6 +165,49 @@ def test_a_tool_call_round_trip_through_the_openai_client(server):
         jsonschema.validate(json.loads(got["arguments"]), SCHEMA)
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_tool_calls_grow_as_generated_and_add_up_to_the_unstreamed_calls(server, choice):
+    client = _client(server)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER, TIME],
+               tool_choice=choice, max_tokens=120, temperature=0)
+    whole = client.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    calls: dict[int, dict[str, str]] = {}
+    fragments, reasons = 0, []
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for delta in c.delta.tool_calls or []:
+                if delta.id is not None:  # a call's first delta: its id, type, name and arguments ""
+                    assert delta.index not in calls and delta.type == "function" and delta.function.arguments == ""
+                    calls[delta.index] = {"name": delta.function.name, "arguments": ""}
+                else:
+                    assert delta.function.name is None
+                    calls[delta.index]["arguments"] += delta.function.arguments
+                    fragments += 1
+    assert reasons[-1] == "tool_calls"
+    assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
+                                                for c in whole.message.tool_calls]
+    assert fragments > len(calls)  # the arguments came in pieces, not whole
+    for call in calls.values():
+        json.loads(call["arguments"])
+
+
+def test_the_tool_call_reader_splits_calls_at_their_arguments_whatever_the_pieces():
+    tools = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required"})
+    args = ['{"city": "P}a\\"r[is", "days": [1, {"x": 2}]}', '{"zone": "UTC"}']
+    text = f'[{{"name": "get_weather", "arguments": {args[0]}}}, {{"name": "get_time", "arguments": {args[1]}}}]'
+    for size in (1, 3, len(text)):
+        reader = ToolCallReader(tools)
+        deltas = [d for i in range(0, len(text), size) for d in reader.feed(text[i:i + size])]
+        heads = [d for d in deltas if "id" in d]
+        assert [(d["index"], d["function"]["name"]) for d in heads] == [(0, "get_weather"), (1, "get_time")]
+        for k in (0, 1):
+            assert "".join(d["function"]["arguments"] for d in deltas if d["index"] == k) == args[k]
+        assert [c["function"]["arguments"] for c in reader.result()] == args
+    assert ToolCallReader(tools).result() is None and tool_calls(text[:-2], tools) is None
+
+
 @pytest.mark.parametrize("body, param, fragment", [
     ({"regex": "a("}, "regex", "unclosed group"),
     ({"grammar": 'root ::= "a" | nothing'}, "grammar", "not found"),
@@ -142,6 +224,14 @@ def test_a_tool_call_round_trip_through_the_openai_client(server):
      "messages[1].tool_call_id", "is required"),
     ({"messages": [{"role": "tool", "content": "b", "tool_call_id": "x"}]}, "messages", "must follow an assistant"),
     ({"seed": 10 ** 30}, "seed", "31 digits"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "structured_outputs.regex",
+     "conflicts with guided_regex"),
+    ({"response_format": {"type": "json_object"}, "guided_json": SCHEMA}, "guided_json",
+     "conflicts with response_format"),
+    ({"structured_outputs": {"json": "{nope"}}, "structured_outputs.json", "does not parse"),
+    ({"structured_outputs": {"jsn": {}}}, "structured_outputs.jsn", "unknown field"),
+    ({"guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"guided_regex": "a("}, "guided_regex", "unclosed group"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param, fragment):
     r = _http(server).post("/v1/chat/completions",
@@ -221,6 +311,50 @@ def test_embeddings_float_and_base64_batched_equal_one_at_a_time(server):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_an_embedding_prefilled_in_chunks_equals_it_unchunked_and_the_plain_forward(pooling):
+    model = tiny_model(context_length=64)
+    inputs = [list(range(3, 53)), [7, 8, 9], list(range(100, 137))]  # 50 and 37 tokens: chunks of 8
+    whole = embed(model, inputs, pooling, normalize=False)
+    chunked = embed(model, inputs, pooling, normalize=False, max_rows=2, token_budget=8)
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        for i, ids in enumerate(inputs):
+            states = model.hidden_states(torch.tensor([ids]))[0]  # [T, D]
+            want = states.mean(0) if pooling == "mean" else states[-1]
+            torch.testing.assert_close(whole[i], want, atol=1e-5, rtol=0)
+
+
+def test_embeddings_batched_with_streams_leave_their_greedy_tokens_as_offline_generate(server):
+    state = server.app.state.tinygpt
+    before = _metrics(server)["vllm:prompt_tokens_total{}"]
+    prompts = [f"Stream number {i} tells a story about" for i in range(3)]
+    inputs = [" ".join(["embedding", "row", str(i)] * 8) for i in range(6)]  # ~110 tokens: chunked beside decodes
+    texts: dict[int, str] = {}
+    got: dict[str, list] = {}
+
+    def stream(i: int) -> None:
+        body = {"prompt": prompts[i], "max_tokens": 40, "temperature": 0, "stream": True}
+        lines = _http(server).post("/v1/completions", json=body).text.splitlines()
+        texts[i] = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+
+    def embeddings() -> None:
+        got["data"] = _http(server).post("/v1/embeddings", json={"input": inputs, "normalize": False}).json()["data"]
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=embeddings)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, prompt in enumerate(prompts):
+        assert texts[i] == tokenizer().decode(offline(state.model, tokenizer().encode(prompt), 40))
+    ids = [tokenizer().encode(text) for text in inputs]
+    want = embed(state.model, ids, normalize=False)
+    torch.testing.assert_close(torch.tensor([d["embedding"] for d in got["data"]]), want, atol=1e-5, rtol=0)
+    counted = _metrics(server)["vllm:prompt_tokens_total{}"] - before
+    assert counted == sum(len(one) for one in ids) + sum(len(tokenizer().encode(p)) for p in prompts)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_embeddings_equal_hugging_face_gpt2model_on_the_export(eval_model_dirs, pooling):
     from transformers import GPT2Model
 
@@ -267,7 +401,8 @@ HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
 
 
 def test_auto_reads_hermes_style_calls_and_is_refused_where_the_template_defines_none(server):
-    from tinygpt.serving.structured import ToolSpec, auto_calls, template_writes_calls
+    from tinygpt.serving.structured import ToolSpec, template_writes_calls
+    from tinygpt.serving.tool_calls import auto_calls
 
     tools = ToolSpec([WEATHER, TIME], "auto", functions={"get_weather": SCHEMA, "get_time": {}})
     content, calls = auto_calls('Let me look. <tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}'

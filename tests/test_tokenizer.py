@@ -166,7 +166,7 @@ def test_load_missing_or_invalid(tmp_path):
     with pytest.raises(ValueError, match="tinygpt_tokenizer.json is missing"):
         load_tokenizer(tmp_path)
     (tmp_path / "tinygpt_tokenizer.json").write_text("{not json")
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(ValueError, match="not a readable JSON file"):
         load_tokenizer(tmp_path)
     (tmp_path / "tinygpt_tokenizer.json").write_text(json.dumps({"format": "tinygpt-tokenizer", "kind": "sentencepiece"}))
     with pytest.raises(ValueError, match="unknown tokenizer kind 'sentencepiece'"):

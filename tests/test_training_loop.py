@@ -315,3 +315,16 @@ def test_a_time_budget_ends_the_run_schedules_over_it_and_reports_bits_per_byte(
         train(options(tmp_path / "run", prepared, time_budget="1.5s", budget_clock="cpu", resume="auto"))
     with pytest.raises(ValueError, match="budget_clock"):
         train(options(tmp_path / "other", prepared, time_budget="1s", budget_clock="gpu"))
+
+
+def test_resume_reads_the_checkpoints_config_once(tmp_path, prepared, monkeypatch):
+    """The resume builds its model from step-N/config.json and checks the weights against the same read."""
+    run = tmp_path / "run"
+    train(options(run, prepared, stop_after=4))
+    reads = []
+    from_file = GPTConfig.from_file.__func__
+    monkeypatch.setattr(GPTConfig, "from_file", classmethod(lambda cls, path: reads.append(str(path)) or
+                                                            from_file(cls, path)))
+    result = train(options(run, prepared, resume="auto", max_steps=6))
+    assert result.step == 6
+    assert reads == [str(run / "step-4" / "config.json")]

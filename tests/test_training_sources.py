@@ -161,7 +161,7 @@ def test_a_record_longer_than_the_limit_is_refused_before_it_is_parsed(tmp_path)
 
 
 @pytest.mark.parametrize("name, content, fragment", [
-    ("dataset_dict.json", "[1]", "dataset_dict.json: must be a JSON object, got a JSON list"),
+    ("dataset_dict.json", "[1]", "dataset_dict.json: expected a JSON object, got list"),
     ("dataset_dict.json", '{"splits": [1]}', "dataset_dict.json: 'splits' must be a list of split names"),
     ("dataset_dict.json", "{", "dataset_dict.json: not a readable JSON file"),
 ])

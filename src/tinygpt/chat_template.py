@@ -29,6 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .fileio import read_json_object
+
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where current transformers saves the template instead (read; not written)
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -233,11 +235,7 @@ def read_chat_template(directory: str | Path) -> ChatTemplate | None:
     config_path = directory / TOKENIZER_CONFIG
     config: dict[str, Any] = {}
     if config_path.is_file():
-        try:
-            data = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{config_path}: cannot read it ({err})") from None
-        config = data if isinstance(data, dict) else {}
+        config = read_json_object(config_path)
     source = config.get("chat_template")
     if isinstance(source, list):
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}

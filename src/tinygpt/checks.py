@@ -123,3 +123,12 @@ def option(default: Any = None, help: str | None = None, **cli: Any) -> Any:
     from dataclasses import field
 
     return field(default=default, metadata={"help": help, **cli})
+
+
+def restated(owner: type, name: str, default: Any, **changes: Any) -> Any:
+    """The field ``name`` of the dataclass ``owner`` with another ``default`` (and ``changes`` to its command-line
+    metadata): how a subclass gives a setting its own default without writing its help again."""
+    from dataclasses import field, fields
+
+    inherited = next(f for f in fields(owner) if f.name == name)
+    return field(default=default, metadata={**inherited.metadata, **changes})

@@ -1,10 +1,12 @@
-"""The options of the commands that run a saved model -- ``generate`` and ``chat`` -- and of ``params``, as dataclasses
-whose fields make the commands' flags (``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
+"""The options of the commands that run a saved model (``generate``, ``chat``, ``serve``'s model) and of ``params``,
+``verify``, ``convert`` and ``merge``, as dataclasses whose fields make the commands' flags
+(``tinygpt.cli.common.add_options``), like ``TrainingOptions`` for ``train``. Torch-free.
 
 The generation settings themselves (temperature, top-k, ...) are not repeated here: every field of
 ``tinygpt.generation.GenerationConfig`` becomes a flag of both commands (``cli.common.add_generation_options``), so
-a setting added there appears on the command line without an edit here. ``evaluation.options.EvalOptions`` is
-``eval``'s.
+a setting added there appears on the command line without an edit here. The other commands' options live beside
+what they set: ``training.options`` (``train``, ``prepare``), ``alignment.options`` (the fine-tuning commands),
+``evaluation.options`` (``eval``), ``serving.options`` (``serve``), ``experiment_options`` (``experiment NAME``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import checks
-from .checks import option
+from .checks import option, restated
 from .config import PRESETS
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
@@ -40,6 +42,16 @@ class ModelOptions:
     def check(self) -> None:
         checks.choice("dtype", self.dtype, DTYPES)
         checks.choice("weights", self.weights, WEIGHT_TYPES)
+
+
+@dataclass
+class ServeModelOptions(ModelOptions):
+    """``tinygpt serve``'s model (the server's own flags are ``serving.options.ServeOptions``)."""
+
+    model: str = restated(ModelOptions, "model", None, help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a "
+                                                            "hub name (gpt2, gpt2-medium, ...)")
+    tokenizer_dir: str | None = restated(ModelOptions, "tokenizer_dir", None,
+                                         help="a tokenizer to use instead of the model's own")
 
 
 @dataclass
@@ -88,3 +100,48 @@ class ParamsOptions:
     qkv_bias: bool = option(False, "count a bias on the fused QKV projection (+3D per layer)")
     tie_weights: bool = option(False, "share the head with the token embedding (-VD)")
     json: bool = option(False, "print JSON instead of a table")
+
+
+@dataclass
+class VerifyOptions:
+    """``tinygpt verify``: the model's logits against a reference implementation's (``tinygpt.verify``)."""
+
+    reference: str = option(None, "upstream = llms_from_scratch ch04 (the chapter's code), hf = Hugging Face "
+                                  "transformers", flag="reference", choices=["upstream", "hf"])
+    json: bool = option(False, "print JSON instead of a table")
+
+
+GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")  # = tinygpt.interop.gguf's writers (this module stays torch-free)
+
+
+@dataclass
+class ConvertOptions:
+    """``tinygpt convert``: one direction (the ``direction`` group), its output and, for GGUF, the weights' type."""
+
+    from_hf: str | None = option(None, "import a Hugging Face GPT-2 folder or hub name", metavar="DIR|HUBNAME",
+                                 group="direction", required=True)
+    to_hf: str | None = option(None, "export a tinygpt checkpoint for transformers", metavar="DIR",
+                               group="direction")
+    from_gguf: str | None = option(None, "import a GGUF file (gpt2 or llama architecture)", metavar="FILE",
+                                   group="direction")
+    to_gguf: str | None = option(None, "write --model as one GGUF file for llama.cpp", metavar="OUT.gguf",
+                                 group="direction")
+    out: str | None = option(None, "the directory to write (each file replaced atomically; other files kept); with "
+                                   "--from-hf, --to-hf and --from-gguf", metavar="DIR")
+    model: str | None = option(None, "with --to-gguf: the tinygpt checkpoint (or Hugging Face GPT-2 folder) to "
+                                     "export", metavar="DIR")
+    type: str = option("f32", "with --to-gguf: the weights' type; norms, biases and positions stay f32",
+                       choices=list(GGUF_TYPES))
+    force: bool = option(False, "write into a folder that holds other files or another kind of model (its files are "
+                                "kept; same-named ones replaced), or replace an existing .gguf file")
+
+
+@dataclass
+class MergeOptions:
+    """``tinygpt merge``: fold a LoRA adapter into its base (``interop.pretrained.merge_adapter``)."""
+
+    adapter: str = option(None, "an adapter folder (adapter_config.json + adapter_model.safetensors)", metavar="DIR",
+                          required=True)
+    base: str | None = option(None, "the base model", metavar="DIR|HUBNAME", default_help="the one the adapter names")
+    out: str = option(None, "where to write the merged checkpoint", metavar="DIR", required=True)
+    force: bool = option(False, "write into a folder that holds other files (they are kept)")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checks
+from .fileio import read_json_object
 
 DEFAULT_SEED = 1337  # the seed of every command, stage and options object that is given none: the one place it is written
 
@@ -175,13 +176,9 @@ class GPTConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "GPTConfig":
-        path = Path(path)
+        data = read_json_object(path)  # its errors name the file
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"cannot read config file {path}: {err.strerror}") from None
-        try:
-            return cls.from_json(text)
+            return cls.from_dict(data)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
 

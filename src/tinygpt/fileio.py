@@ -214,13 +214,23 @@ def remove_temporaries(root: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------------ JSON files
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON object in ``path``; a ``ValueError`` naming the file and what is wrong with it otherwise (missing,
-    unreadable, not UTF-8, not JSON, or JSON but not an object)."""
+    """The JSON object in ``path``; a ``ValueError`` naming the file and what is wrong with it otherwise: missing,
+    unreadable, not UTF-8, not JSON (where), or JSON but not an object. Every JSON file tinygpt reads whole comes
+    through here, so a bad one is always worded the same way."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a readable JSON file: {err}") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: not a readable JSON file: there is no such file") from None
+    except OSError as err:
+        raise ValueError(f"{path}: not a readable JSON file: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a readable JSON file: not UTF-8 ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a readable JSON file: not valid JSON ({err.msg} at line {err.lineno} "
+                         f"column {err.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a readable JSON file: nested too deeply to parse") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

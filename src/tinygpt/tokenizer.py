@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from .chat_template import TOKENIZER_CONFIG, ChatTemplate, chat_template_config, read_chat_template
-from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with, json_object_or_none
+from .fileio import atomic_write_bytes, atomic_write_text, atomic_write_with, json_object_or_none, read_json_object
 
 ENDOFTEXT = "<|endoftext|>"
 DESCRIPTOR = "tinygpt_tokenizer.json"
@@ -412,13 +412,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 def _load_descriptor(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
     path = find_descriptor(directory) or directory / DESCRIPTOR
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"no tokenizer in {directory}: {DESCRIPTOR} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the tokenizer descriptor ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != "tinygpt-tokenizer":
+    if not path.is_file():
+        raise ValueError(f"no tokenizer in {directory}: {DESCRIPTOR} is missing")
+    data = read_json_object(path)
+    if data.get("format") != "tinygpt-tokenizer":
         raise ValueError(f"{path} is not a tinygpt tokenizer descriptor (expected \"format\": \"tinygpt-tokenizer\")")
     kind = data.get("kind")
     if kind == "gpt2":

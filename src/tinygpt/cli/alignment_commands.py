@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..alignment.options import DPOInputs, PPOInputs, RewardInputs, SFTInputs
 from .common import (CommandError, add_generation_options, add_options, load_for_command, options_from_args,
                      sampling_config)
 
@@ -13,7 +14,7 @@ def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float | None
                           epochs: int | None = 1) -> None:
     """The settings every fine-tuning stage shares: one flag per ``FinetuneOptions`` field, plus the data limit
     and the tokenizer. ``lr`` / ``epochs`` None: the stage chooses by the model's size (sft)."""
-    from ..alignment.options import FinetuneOptions, sft_defaults_help
+    from ..alignment.options import FinetuneInputs, FinetuneOptions, sft_defaults_help
 
     from ..lora_options import LoRAOptions
 
@@ -22,8 +23,7 @@ def _add_finetune_options(p: argparse.ArgumentParser, out: str, lr: float | None
         if action.dest in ("lr", "epochs") and action.default is None:
             action.help += f" (default: {sft_defaults_help()})"
     add_options(p, LoRAOptions)
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N entries of --data")
-    p.add_argument("--tokenizer-dir", metavar="DIR", help="a saved tokenizer (default: the model's own)")
+    add_options(p, FinetuneInputs)
 
 
 def _finetune_options(args: argparse.Namespace):
@@ -45,13 +45,9 @@ def _report_finetune(result, what: str) -> int:
     return 0
 
 
-_DATA_HELP = "a JSON list or JSONL file of Alpaca-style entries (instruction, input, {})"
-
-
 def _add_sft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised fine-tuning on instruction/response pairs (loss on responses only)")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="the model to start from")
-    p.add_argument("--data", required=True, metavar="FILE", help=_DATA_HELP.format("output"))
+    add_options(p, SFTInputs)
     _add_finetune_options(p, "runs/sft", None, 8, epochs=None)
     p.set_defaults(run=_run_sft)
 
@@ -66,8 +62,7 @@ def _run_sft(args: argparse.Namespace) -> int:
 
 def _add_reward(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reward", help="train a reward model (GPT trunk + scalar head) on chosen/rejected pairs")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="the trunk to start from (an SFT model)")
-    p.add_argument("--data", required=True, metavar="FILE", help=_DATA_HELP.format("chosen, rejected"))
+    add_options(p, RewardInputs)
     _add_finetune_options(p, "runs/reward", 1e-5, 8)
     p.set_defaults(run=_run_reward)
 
@@ -82,9 +77,7 @@ def _run_reward(args: argparse.Namespace) -> int:
 
 def _add_dpo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dpo", help="Direct Preference Optimization against a frozen copy of the starting model")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="the policy to start from (an SFT model)")
-    p.add_argument("--data", required=True, metavar="FILE", help=_DATA_HELP.format("chosen, rejected"))
-    p.add_argument("--beta", type=float, default=0.1, help="strength of the pull to the reference (default: 0.1)")
+    add_options(p, DPOInputs)
     _add_finetune_options(p, "runs/dpo", 5e-6, 8)
     p.set_defaults(run=_run_dpo)
 
@@ -101,10 +94,7 @@ def _add_ppo(sub: argparse._SubParsersAction) -> None:
     from ..alignment.ppo import PPOConfig
 
     p = sub.add_parser("ppo", help="RLHF: PPO of a policy against a reward model, KL-anchored to the start")
-    p.add_argument("--policy", required=True, metavar="DIR|HUBNAME", help="the policy to start from (an SFT model)")
-    p.add_argument("--reward", required=True, metavar="DIR", help="a reward model written by tinygpt reward")
-    p.add_argument("--data", required=True, metavar="FILE",
-                   help="prompts: a JSON/JSONL file of entries with instruction (and input)")
+    add_options(p, PPOInputs)
     add_options(p, PPOConfig)
     _add_finetune_options(p, "runs/ppo", 1e-5, 8)
     p.set_defaults(run=_run_ppo)

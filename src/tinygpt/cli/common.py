@@ -1,5 +1,5 @@
 """What every command module shares: the one-line user error, the config argument, flags made from the options
-dataclasses' fields, and the flag families several commands share (device and dtype, sampling and stop)."""
+dataclasses' fields, and the flag family generate and chat share (sampling and stop)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def config_from_args(name_or_file: str) -> GPTConfig:
 # ------------------------------------------------------------------------------------------ options <-> flags
 def _base_type(hint: Any) -> tuple[type, bool]:
     """(the scalar type argparse converts to, whether the field is a list) of a field's type hint."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    first = args[0]
+    args = [hint] if typing.get_origin(hint) is list else [a for a in typing.get_args(hint) if a is not type(None)]
+    first = (args or [hint])[0]
     if typing.get_origin(first) is list:
         return typing.get_args(first)[0], True
     return (first if first in (int, float, str, bool) else str), False
@@ -54,8 +54,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: dict[st
     for this command), the help with its default. A bool field that defaults to True gets a ``--no-...`` flag (both
     ``--x``/``--no-x`` with ``both_ways``). ``metadata`` supplies the command-line metadata of fields that have none
     of their own; ``every_field`` also makes flags of the scalar fields that have no help anywhere. Metadata may also
-    say ``required``, ``action="append"`` and ``escapes`` (the text's escape sequences decoded); a required field of
-    a ``group`` makes the group required."""
+    say ``required``, ``action="append"``, ``escapes`` (the text's escape sequences decoded) and ``type`` (a function
+    that reads the text, for a value such as ``6,12``); a required field of a ``group`` makes the group required; a
+    ``flag`` without dashes is a positional argument. Each action made here names ``cls`` in ``from_options`` (so a
+    test can tell that every flag of every command comes from a field)."""
     defaults = defaults or {}
     hints = typing.get_type_hints(cls)
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
@@ -81,11 +83,13 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: dict[st
         if kind is bool:
             action: Any = (argparse.BooleanOptionalAction if meta.get("both_ways") else
                            "store_false" if default else "store_true")
-            target.add_argument(flag, dest=f.name, action=action, default=default, help=meta["help"])
+            made = target.add_argument(flag, dest=f.name, action=action, default=default, help=meta["help"])
+            made.from_options = cls.__name__
             continue
         shown = meta.get("default_help", default)
         help_text = meta["help"] if shown is None else f"{meta['help']} (default: {shown})"
-        kwargs: dict[str, Any] = dict(dest=f.name, type=decode_escapes if meta.get("escapes") else kind,
+        kwargs: dict[str, Any] = dict(dest=f.name, type=meta.get("type") or (decode_escapes if meta.get("escapes")
+                                                                             else kind),
                                       default=default, help=help_text.replace("%", "%%"))
         for key in ("metavar", "choices", "action"):
             if key in meta:
@@ -98,7 +102,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: dict[st
             kwargs["metavar"] = "N" if kind is int else "X"
         if is_list and meta.get("action") != "append":
             kwargs["nargs"] = meta.get("nargs", "+")
-        target.add_argument(flag, **kwargs)
+        if not flag.startswith("-"):  # a positional argument: its name is its destination
+            del kwargs["dest"]
+        made = target.add_argument(flag, **kwargs)
+        made.from_options = cls.__name__
 
 
 def options_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
@@ -120,14 +127,6 @@ def flag_error(parser: argparse.ArgumentParser, err: OptionError) -> str:
 
 
 # ------------------------------------------------------------------------------------------ shared flag families
-def add_device_options(parser: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype``, with one meaning on every command (``command_options.ModelOptions``)."""
-    from ..command_options import ModelOptions
-
-    add_options(parser, ModelOptions, skip=("model", "tokenizer_dir"))
-
-
-
 # The command line's words for GenerationConfig's fields (which carry no help of their own). A field not named here
 # still becomes a flag of generate and chat, with its name for help; top_p and repetition_penalty default to None
 # on the command line so that sampling_config can tell the ones given.

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from ..alignment.options import ArithmeticTaskOptions, GRPOInputs
 from .alignment_commands import _add_finetune_options, _finetune_options, _lora_config, _report_finetune
 from .common import add_options, options_from_args
 
 
 def _add_grpo(sub: argparse._SubParsersAction) -> None:
     from ..alignment.grpo_trainer import GRPOConfig
-    from ..alignment.verifiers import SHIPPED
 
     p = sub.add_parser("grpo", help="GRPO: G sampled completions per prompt, rewards from a verifier, group-relative "
                                     "advantages, the clipped objective (a calculator tool the model may call)")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME", help="the policy to start from (an SFT model)")
-    p.add_argument("--data", required=True, metavar="FILE",
-                   help="prompts: a JSON/JSONL file of entries with instruction (and input) and the fields the "
-                        "reward functions read (answer, for the shipped exact)")
-    p.add_argument("--reward-fn", action="append", metavar="MODULE:FUNCTION", dest="reward_fns",
-                   help=f"fn(prompt, completion, example) -> float; several are summed; shipped: "
-                        f"{', '.join(SHIPPED)} (default: exact)")
-    p.add_argument("--eval-data", metavar="FILE", help="held-out entries with an answer for the accuracy (default: "
-                                                       "a --val-fraction share of --data)")
-    p.add_argument("--eval-limit", type=int, default=200, metavar="N", help="evaluate on at most N entries "
-                                                                            "(default: 200)")
+    add_options(p, GRPOInputs)
     add_options(p, GRPOConfig)
     _add_finetune_options(p, "runs/grpo", 1e-5, 8)
     p.set_defaults(run=_run_grpo)
@@ -45,14 +35,7 @@ def _run_grpo(args: argparse.Namespace) -> int:
 def _add_arithmetic_task(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("arithmetic-task", help="write the shipped GRPO task: arithmetic word problems with exact "
                                                "answers (train.jsonl, test.jsonl, corpus.txt)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
-    p.add_argument("--train", type=int, default=2000, metavar="N", help="training problems (default: 2000)")
-    p.add_argument("--test", type=int, default=200, metavar="N", help="test problems (default: 200)")
-    p.add_argument("--levels", type=int, nargs="+", default=[1, 2], choices=[1, 2, 3],
-                   help="operations per problem (default: 1 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
-    p.add_argument("--direct-share", type=float, default=0.0, metavar="X",
-                   help="share of training solutions that give the bare answer without calculator calls (default: 0)")
+    add_options(p, ArithmeticTaskOptions)
     p.set_defaults(run=_run_arithmetic_task)
 
 
@@ -60,6 +43,7 @@ def _run_arithmetic_task(args: argparse.Namespace) -> int:
     from .. import checks
     from ..alignment.arithmetic import write_task
 
+    args = options_from_args(ArithmeticTaskOptions, args)
     checks.positive_int("train", args.train)
     checks.positive_int("test", args.test)
     checks.number_in_range("direct_share", args.direct_share, 0, 1)

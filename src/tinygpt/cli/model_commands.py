@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..command_options import ParamsOptions
+from ..command_options import ConvertOptions, ParamsOptions, VerifyOptions
 from ..config import GPTConfig
 from ..params import count_parameters
 from .common import (CommandError, add_generation_options, add_options, config_from_args, load_for_command,
@@ -67,15 +67,14 @@ def _run_params(args: argparse.Namespace) -> int:
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="prove the math: copy weights into a reference implementation, compare logits")
-    p.add_argument("reference", choices=["upstream", "hf"],
-                   help="upstream = llms_from_scratch ch04 (the chapter's code), hf = Hugging Face transformers")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_options(p, VerifyOptions)
     p.set_defaults(run=_run_verify)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
     from ..verify import CHECKS, MissingReferenceError
 
+    args = options_from_args(VerifyOptions, args)
     try:
         results = CHECKS[args.reference]()
     except MissingReferenceError as err:
@@ -146,25 +145,14 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert", help="a tinygpt checkpoint <-> a Hugging Face GPT-2 folder or a GGUF file "
                                        "(llama.cpp)")
-    direction = p.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--from-hf", metavar="DIR|HUBNAME", help="import a Hugging Face GPT-2 folder or hub name")
-    direction.add_argument("--to-hf", metavar="DIR", help="export a tinygpt checkpoint for transformers")
-    direction.add_argument("--from-gguf", metavar="FILE", help="import a GGUF file (gpt2 or llama architecture)")
-    direction.add_argument("--to-gguf", metavar="OUT.gguf", help="write --model as one GGUF file for llama.cpp")
-    p.add_argument("--out", metavar="DIR", help="the directory to write (each file replaced atomically; other files "
-                                               "kept); with --from-hf, --to-hf and --from-gguf")
-    p.add_argument("--model", metavar="DIR", help="with --to-gguf: the tinygpt checkpoint (or Hugging Face GPT-2 "
-                                                 "folder) to export")
-    p.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0", "q4_0"],
-                   help="with --to-gguf: the weights' type (norms, biases and positions stay f32; default: f32)")
-    p.add_argument("--force", action="store_true", help="write into a folder that holds other files or another kind "
-                                                        "of model (its files are kept; same-named ones replaced), or "
-                                                        "replace an existing .gguf file")
+    add_options(p, ConvertOptions)
     p.set_defaults(run=_run_convert)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from ..interop.pretrained import convert_from_hf, convert_to_hf
+
+    args = options_from_args(ConvertOptions, args)
 
     def warn(message: str) -> None:
         print(f"tinygpt convert: warning: {message}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """``tinygpt serve``: an OpenAI-compatible HTTP server (and a page) for one model, and any LoRA adapters of it
 (``--adapter NAME=DIR``, each served as the model NAME).
 
-The server's flags are the fields of ``serving.options.ServeOptions``; the model's (``--model``,
-``--tokenizer-dir``, ``--device``, ``--dtype``) are every loading command's."""
+The server's flags are the fields of ``serving.options.ServeOptions`` and ``ReplicaOptions``; the model's
+(``--model``, ``--tokenizer-dir``, ``--device``, ``--dtype``, ``--weights``) are ``command_options.ServeModelOptions``,
+every loading command's ``ModelOptions`` in the server's words."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ import argparse
 import os
 from pathlib import Path
 
+from ..command_options import ServeModelOptions
 from ..serving.options import API_KEY_ENV, ServeOptions
 from ..serving.replica_options import CLUSTER_EXTRA, ReplicaOptions
-from .common import CommandError, add_device_options, add_options, load_for_command, options_from_args
+from .common import CommandError, add_options, load_for_command, options_from_args
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-compatible API with batching, and a web page")
-    p.add_argument("--model", required=True, metavar="DIR|HUBNAME",
-                   help="a tinygpt checkpoint, a Hugging Face GPT-2 folder, or a hub name (gpt2, gpt2-medium, ...)")
-    p.add_argument("--tokenizer-dir", metavar="DIR", help="a tokenizer to use instead of the model's own")
-    add_device_options(p)
+    add_options(p, ServeModelOptions)
     add_options(p, ServeOptions)
     add_options(p, ReplicaOptions)
     p.set_defaults(run=_run_serve)

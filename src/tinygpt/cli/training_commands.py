@@ -5,29 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..config import PRESETS
-from ..training.options import TOKENIZER_HELP as _TOKENIZER_HELP
+from ..training.options import PrepareOptions
 from .common import CommandError, add_options, options_from_args
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="tokenize text files/folders into a memmapped token file with a train/val split")
-    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
-                   help="text files, JSON Lines (.jsonl), Parquet (.parquet), folders saved by datasets' save_to_disk, "
-                        "or folders of these (searched recursively; hidden and other binary files skipped)")
-    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet", "hf"],
-                   help="how to read every file; auto = by suffix and folder contents (default: auto)")
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="the field (JSON Lines) or column (Parquet, datasets) holding each record's text "
-                        "(default: text)")
-    p.add_argument("--split", default="train", help="the split of a saved DatasetDict (default: train)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes that encode the text (the same tokens as one; default: 1)")
-    p.add_argument("--tokenizer", default="char", help=f"{_TOKENIZER_HELP} (default: char)")
-    p.add_argument("--out", required=True, help="output folder (prepared.json, tokens.bin, tokenizer/)")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="the last fraction of the tokens held out for validation (default: 0.1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--force", action="store_true", help="write into a folder that holds other files (kept)")
+    add_options(p, PrepareOptions)
     p.set_defaults(run=_run_prepare)
 
 
@@ -35,6 +19,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     from ..checks import positive_int
     from ..training import prepare_corpus
 
+    args = options_from_args(PrepareOptions, args)
     try:
         positive_int("workers", args.workers)
     except ValueError:

@@ -4,8 +4,9 @@ Each ``step`` is three parts, as nano-vllm's: *schedule* (the context policy for
 call to the ``drafting.Drafter`` for the running rows' drafts when speculative decoding is on, the scheduler's
 plan), *run* (one forward; if the batched forward raises, each planned row is run alone once, so only the rows that
 fail alone fail) and *postprocess* (each row on its own: its drawn token, under its constraint's mask and followed
-by the tokens it forces, its verified drafts, or its score; a row that raises finishes alone with reason "error",
-``Row.error`` saying why; the plain greedy rows' tokens come from one argmax and one read-back for all of them). Finished, failed and cancelled rows give their blocks back before the next step.
+by the tokens it forces, its verified drafts, its score, or its pooled hidden states; a row that raises finishes
+alone with reason "error", ``Row.error`` saying why; the plain greedy rows' tokens come from one argmax and one
+read-back for all of them). Finished, failed and cancelled rows give their blocks back before the next step.
 
 ``tinygpt.generate`` (a batch of prompts), ``serving.engine.EngineThread`` (a thread and request adapter) and the
 lm-eval class's scoring all drive this one class; none lays out a cache of its own.
@@ -30,6 +31,7 @@ from .drafting import Drafter, DraftModels, Proposer, check_draft_model
 from .scheduler import Scheduler
 
 DEFAULT_BLOCK_SIZE = 16
+POOLINGS = ("mean", "last")  # an embedding row's pooling of its final hidden states (``Row.pooling``)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RowOutput:
     tokens: list[int] = field(default_factory=list)
     logits: torch.Tensor | None = None
     forced: list[bool] = field(default_factory=list)  # per token: forced by the row's constraint (not drawn)
+    forced_logits: torch.Tensor | None = None  # [k, V]: the raw logits that scored k earlier forced tokens, in order
 
     @property
     def finished(self) -> bool:
@@ -105,7 +108,13 @@ class InferenceEngine:
     def add(self, row: Row) -> Row:
         """Queue a row (checked here: its ids, its fit in the cache and the context); ``ValueError`` if bad."""
         v, c = self.config.vocab_size, self.context
-        if row.config is None:
+        if row.pooling is not None:
+            if row.config is not None or row.pooling not in POOLINGS or not 1 <= len(row.tokens) <= c:
+                raise ValueError(f"an embedding row needs no config, a pooling in {POOLINGS} (got "
+                                 f"{row.pooling!r}) and 1 <= tokens={len(row.tokens)} <= context_length={c}")
+            need = len(row.tokens)
+            row.reuse = row.reuse and self.prefix_reuse
+        elif row.config is None:
             if not 1 <= row.scored <= len(row.tokens) - 1 or len(row.tokens) - 1 > c:
                 raise ValueError(f"a scoring row of {len(row.tokens)} tokens with {row.scored} scored must satisfy "
                                  f"1 <= scored <= tokens - 1 and tokens - 1 <= context_length={c}")
@@ -264,8 +273,11 @@ class InferenceEngine:
 
     def _advance(self, row: Row, n: int, logits: torch.Tensor, drawn: int | None) -> RowOutput:
         """Account for the row's n fed tokens and take what its logits give (tokens, or its score)."""
+        if row.pooling is not None:
+            return self._advance_embedding(row, n, logits)
         if row.config is None:
             return self._advance_score(row, n, logits)
+        scored_forced = None
         if row.draft:
             tokens = verify(row, logits)
             self.drafter.verified(row, len(tokens) - 1)
@@ -273,8 +285,14 @@ class InferenceEngine:
             kept = logits[:len(tokens)]
         else:
             row.computed += n
-            if row.pending > 0:  # a chunk of the prompt: nothing to draw yet
-                return RowOutput(row)
+            if row.want_logits and row.constraint is not None:  # ``runner.logit_offsets``: forced tokens first
+                drawing = row.pending == 0  # then the last logits are the next draw's, after the forced ones
+                k = logits.shape[0] - int(drawing)
+                scored_forced = logits[:k] if k else None
+                settled = row.window_start + row.computed + int(not drawing)  # tokens before it are scored
+                row.forced_scored = max(row.forced_scored, settled)
+            if row.pending > 0:  # a chunk of the prompt (or of forced tokens): nothing to draw yet
+                return RowOutput(row, forced_logits=scored_forced)
             if drawn is None:
                 last = logits[-1] if row.constraint is None else masked_logits(logits[-1], row.constraint.allowed())
                 drawn = draw(row, last)
@@ -287,7 +305,8 @@ class InferenceEngine:
             taken.append(token)
             if row.finished:
                 break
-        out = RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None, [False] * len(taken))
+        out = RowOutput(row, taken, kept[:len(taken)] if row.want_logits else None, [False] * len(taken),
+                        scored_forced)
         if row.constraint is not None and not row.finished:
             for token in row.constraint.advance(taken[-1]):  # forced tokens: fed by the next forwards
                 self._take(row, int(token), forced=True)
@@ -314,8 +333,11 @@ class InferenceEngine:
             row.finish_reason = reason
 
     def _advance_score(self, row: Row, n: int, logits: torch.Tensor) -> RowOutput:
+        first = row.computed + n - logits.shape[0]  # window position of the first scored logits
+        logits = logits[max(0, row.score_upto - first):]  # positions a preempted row already scored
+        first = row.computed + n - logits.shape[0]
         if logits.shape[0]:
-            first = row.computed + n - logits.shape[0]  # window position of the first scored logits
+            row.score_upto = row.computed + n
             targets = torch.tensor(row.tokens[first + 1:row.computed + n + 1], device=logits.device)
             logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [m, V]
             total = float(logp.gather(1, targets[:, None]).sum())
@@ -326,6 +348,23 @@ class InferenceEngine:
         if row.pending == 0:
             row.finish_reason = "length"
         return RowOutput(row, logits=logits if row.want_logits else None)
+
+    def _advance_embedding(self, row: Row, n: int, states: torch.Tensor) -> RowOutput:
+        """Pool this chunk's hidden states [m, D] into ``row.embedding``: "mean" sums them (divided by the length
+        once the last chunk is in), "last" keeps the last position's."""
+        if states.shape[0]:
+            states = states.float()
+            if row.pooling == "last":
+                row.embedding = states[-1]
+            else:
+                part = states.sum(0)  # [D]
+                row.embedding = part if row.embedding is None else row.embedding + part
+        row.computed += n
+        if row.pending == 0:
+            if row.pooling == "mean":
+                row.embedding = row.embedding / row.window_length
+            row.finish_reason = "length"
+        return RowOutput(row)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _remove(self, row: Row) -> None:

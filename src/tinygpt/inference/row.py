@@ -1,7 +1,8 @@
 """One request's state in the engine: its tokens, its window, its cache blocks, its sampling, its result.
 
 Two kinds of rows share the loop: a *generation* row (prompt, then tokens drawn one by one, or several at once when
-a draft is accepted) and a *scoring* row (a token window whose log-likelihood is wanted, no sampling). Everything
+a draft is accepted) and a *scoring* row (a token window whose log-likelihood is wanted, no sampling; or, with a
+``pooling``, an *embedding* row: its final hidden states pooled into one vector). Everything
 specific to a row lives here, so a per-row setting (an adapter, a draft model) is one more field.
 """
 
@@ -62,21 +63,29 @@ class Row:
     constraint: Any = None  # a constraint.RowConstraint: masks each draw, may force tokens (never drafts)
     forced: list[bool] = field(default_factory=list)  # one per new token: True where the constraint forced it
     cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache at the prompt's admission
+    forced_scored: int = 0  # want_logits: tokens before this index had their forced tokens' logits handed out
+    score_upto: int = 0  # scoring rows: window positions before this one are in ``score`` (and handed out), so
+    # a row preempted mid-prefill and recomputed from its start counts each position once
+    pooling: str | None = None  # a scoring row that embeds: "mean" or "last" of its final hidden states
+    embedding: torch.Tensor | None = None  # [D] float32: the pooled states (a running sum while "mean" feeds)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.tokens)  # the row appends to its own copy, never to the caller's list
         self.prompt_len = len(self.tokens)
 
     @property
+    def _end(self) -> int:
+        """A scoring row never feeds its last token (it is only a target); an embedding row feeds every token."""
+        return len(self.tokens) - 1 if self.config is None and self.pooling is None else len(self.tokens)
+
+    @property
     def window(self) -> list[int]:
-        """The tokens the model sees (a scoring row never feeds its last token: it is only a target)."""
-        end = len(self.tokens) - 1 if self.config is None else len(self.tokens)
-        return self.tokens[self.window_start:end]
+        """The tokens the model sees."""
+        return self.tokens[self.window_start:self._end]
 
     @property
     def window_length(self) -> int:
-        end = len(self.tokens) - 1 if self.config is None else len(self.tokens)
-        return end - self.window_start
+        return self._end - self.window_start
 
     @property
     def pending(self) -> int:
@@ -85,8 +94,17 @@ class Row:
 
     @property
     def first_logit(self) -> int:
-        """The first window position whose logits the row needs (no cached prefix may reach past it)."""
+        """The first window position whose logits (an embedding row: hidden states) the row needs (no cached prefix
+        may reach past it)."""
+        if self.pooling is not None:
+            return 0 if self.pooling == "mean" else self.window_length - 1
         return self.window_length - self.scored if self.config is None else self.window_length - 1
+
+    def forced_after(self, position: int) -> bool:
+        """Whether the token after window ``position`` was forced by the constraint and its logits (those of
+        ``position``) are still owed to a row that wants logits."""
+        t = self.window_start + position + 1  # that token's index in ``tokens``
+        return max(self.prompt_len, self.forced_scored) <= t < len(self.tokens) and self.forced[t - self.prompt_len]
 
     @property
     def finished(self) -> bool:

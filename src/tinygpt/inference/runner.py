@@ -2,8 +2,9 @@
 
 ``ModelRunner.forward`` packs the plan's tokens into one sequence, builds its ``Batch`` and runs one forward; it
 returns each row's logits (only the positions the row needs: its last one, a draft's k + 1, a scoring row's scored
-ones). ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's
-tokens never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
+ones), or for an embedding row (``Row.pooling``) the final hidden states the head would read at its positions.
+``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's tokens
+never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
 
 With ``compile``, a forward whose rows all decode (one token each, no LoRA adapters) runs the model through
 ``torch.compile`` (inductor; ``dynamic=True``, so a row's growing key count and the batch size do not recompile;
@@ -42,11 +43,16 @@ def feed_of(row: Row, n: int) -> list[int]:
 
 def logit_offsets(row: Row, n: int) -> list[int]:
     """Which of the row's n fed tokens need logits."""
-    if row.config is None:  # scoring: every scored position in this chunk
+    if row.config is None:  # scoring: every scored position in this chunk (embedding: every pooled one)
         return [j for j in range(n) if row.computed + j >= row.first_logit]
     if row.draft:
         return list(range(n))
-    return [n - 1] if row.computed + n == row.window_length else []
+    last = [n - 1] if row.computed + n == row.window_length else []
+    if not (row.want_logits and row.constraint is not None):
+        return last
+    # a constrained row that reports log-probabilities: also the positions before its forced tokens, which no
+    # forward had scored when they were appended (the head on a few more positions; ``Row.forced_after``)
+    return [j for j in range(n - len(last)) if row.forced_after(row.computed + j)] + last
 
 
 def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens: int) -> ContextManager[None]:
@@ -90,7 +96,8 @@ class ModelRunner:
             return self.model(idx, cache=self.cache, pos=batch)[0]  # rewrites the same cache slots
 
     def forward(self, plan: Sequence[tuple[Row, int]]) -> list[torch.Tensor]:
-        """One forward over the plan's rows; each row's logits [m, V] (m may be 0), in plan order."""
+        """One forward over the plan's rows; each row's logits [m, V] (m may be 0), in plan order; an embedding
+        row's hidden states [m, D] instead."""
         slices = [RowSlice(row.computed, n, row.table, logit_offsets(row, n)) for row, n in plan]
         order = pack_order(slices)
         ids = [t for i in order for t in feed_of(*plan[i])]
@@ -98,13 +105,24 @@ class ModelRunner:
                             scratch_slot=SCRATCH_BLOCK * self.cache.block_size)
         ids += [0] * (batch.num_tokens - len(ids))  # the idle padding tokens
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
+        embedding = [plan[i][0].pooling is not None for i in order for _ in slices[i].logits]  # per output
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
-            logits = self._run_model(self._model_for(slices), idx, batch)  # [M, V]: only the tokens that need them
+            if not any(embedding):
+                logits = self._run_model(self._model_for(slices), idx, batch)  # [M, V]: only the tokens that need them
+            else:  # the forward's two halves (``GPTModel.forward``), so embedding rows keep their hidden states
+                states = self.cache.head_input(self.model.hidden_states(idx, cache=self.cache, pos=batch))[0]  # [M, D]
+                head = torch.tensor([not e for e in embedding], device=self.device)  # [M]
+                logits = self.model.out_head(states[head])  # [M', V]: the other rows' logits only
         out: list[torch.Tensor] = [logits[:0]] * len(plan)
-        start = 0
+        start = kept = 0  # this row's first output among all, among the rows with logits
         for i in order:
             m = len(slices[i].logits)
-            out[i] = logits[start:start + m]
+            if plan[i][0].pooling is not None:
+                if m:  # (none in a "last" row's earlier chunks)
+                    out[i] = states[start:start + m]
+            else:
+                out[i] = logits[kept:kept + m]
+                kept += m
             start += m
         return out
 

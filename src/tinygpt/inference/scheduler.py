@@ -52,6 +52,7 @@ class Scheduler:
         """Release the row's blocks and put it first in the queue: it is recomputed from its window's start."""
         self.blocks.release(row.table)
         row.computed, row.hashes, row.draft = 0, [], []
+        row.embedding = None  # an embedding row pools its states again from the start
         if row in self.running:
             self.running.remove(row)
         elif row in self.waiting:

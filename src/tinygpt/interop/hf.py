@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..config import GPTConfig
+from ..fileio import read_json_object
 from ..model import GPTModel
 from ..tokenizer import HF_GPT2_FILES, HF_TOKENIZER_FILE, HF_TOKENIZER_FILES, Tokenizer, write_hf_tokenizer
 
@@ -247,12 +248,9 @@ def import_hf(source: str | Path, *, device: str | torch.device = "cpu", dtype: 
 
     directory = resolve_hf_source(source, cache_dir=cache_dir)
     config_path = directory / "config.json"
-    try:
-        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{directory} is not a Hugging Face GPT-2 folder: config.json is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{config_path}: cannot read the config ({err})") from None
+    if not config_path.is_file():
+        raise ValueError(f"{directory} is not a Hugging Face GPT-2 folder: config.json is missing")
+    hf_config = read_json_object(config_path)
     config = hf_config_to_tinygpt(hf_config, config_path)
     path = _hf_weights_path(directory)
     if quantize is not None:

@@ -22,7 +22,6 @@ This module needs neither transformers nor a network: configs are plain dicts (`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 
 from ..checkpoint import model_from_state_dict
 from ..config import GPTConfig
+from ..fileio import read_json_object
 from ..model import GPTModel
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -204,15 +204,12 @@ def load_llama_folder(directory: str | Path, *, device: str | torch.device = "cp
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{directory} is not a Hugging Face model folder: config.json is missing")
-    try:
-        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path}: not valid JSON: {err}") from None
+    hf_config = read_json_object(config_path)
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.is_file():
         files = [single]
     elif index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        weight_map = read_json_object(index).get("weight_map", {})
         files = [directory / name for name in sorted(set(weight_map.values()))]
     else:
         raise ValueError(f"{directory} has no model.safetensors (nor a sharded index); only safetensors weights "

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint_tokenizer, load_model, save_model
-from ..fileio import CHECKPOINT, HF_MODEL, check_save_target, json_object_or_none
+from ..fileio import CHECKPOINT, HF_MODEL, check_save_target, json_object_or_none, read_json_object
 from ..model import GPTModel
 from ..tokenizer import (HF_TOKENIZER_FILES, TOKENIZER_FILES, Tokenizer, gpt2_tokenizer, has_tokenizer_files,
                          tokenizer_from_dir)
@@ -254,10 +254,7 @@ def read_chat_template(directory: str | Path) -> str | None:
     path = Path(directory) / "tokenizer_config.json"
     if not path.is_file():
         return None
-    try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{path}: cannot read its chat_template ({err})") from None
+    template = read_json_object(path).get("chat_template")
     if template is not None and not isinstance(template, str):
         raise ValueError(f"{path}: chat_template must be one template string (named templates are not exported)")
     return template

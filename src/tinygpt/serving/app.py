@@ -44,9 +44,8 @@ from .protocol import (
     parse_tokenize,
 )
 from .state import Choices, ServerState, Usage, finish_error
-from .structured import (
-    ToolSpec, auto_calls, compile_spec, read_chat, read_completion, template_writes_calls, tool_calls,
-)
+from .structured import ToolSpec, compile_spec, read_chat, read_completion, template_writes_calls
+from .tool_calls import ToolCallReader, auto_calls, tool_calls
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
@@ -231,9 +230,19 @@ async def chat_completions(request: Request) -> Response:
             for index in range(sampling.n):
                 yield _sse(chunk(index, {"role": "assistant", "content": ""}))
             usage = Usage()
-            held = [""] * sampling.n  # tool calls: the text is held until it is whole, then sent as the calls
+            held = [""] * sampling.n  # tool_choice "auto": the text is held until it is whole, then read for calls
+            # required / named: each call streams as it is generated (its head once the grammar named it, then its
+            # arguments' text as it grows)
+            readers = [ToolCallReader(calls) for _ in range(sampling.n)] if calls is not None and calls.calls else None
+            for index in range(sampling.n if readers else 0):
+                for delta in readers[index].feed(""):  # a named function: its call opens at once
+                    yield _sse(chunk(index, {"tool_calls": [delta]}))
             async for index, event in choices.events():
                 if isinstance(event, Step):
+                    if readers is not None:
+                        for delta in readers[index].feed(event.text):
+                            yield _sse(chunk(index, {"tool_calls": [delta]}))
+                        continue
                     if calls is not None:
                         held[index] += event.text
                         continue
@@ -248,7 +257,15 @@ async def chat_completions(request: Request) -> Response:
                         break
                     usage.add(event)
                     reason = event.reason
-                    if calls is not None:
+                    if readers is not None:
+                        reader = readers[index]
+                        for delta in reader.feed(event.text):
+                            yield _sse(chunk(index, {"tool_calls": [delta]}))
+                        if not reader.calls:  # nothing read as a call (cut early): the text, as unstreamed
+                            yield _sse(chunk(index, {"content": reader.text}))
+                        elif reason == "stop" and reader.result() is not None:
+                            reason = "tool_calls"
+                    elif calls is not None:
                         message, reason = _answer(held[index] + event.text, reason, calls)
                         delta = {} if message["content"] is None else {"content": message["content"]}
                         if "tool_calls" in message:

@@ -7,16 +7,17 @@ has read the whole input at); ``normalize`` (default true): unit L2 length, so a
 ``encoding_format``: "float" (lists of numbers) or "base64" (the little-endian float32 bytes, what the official
 ``openai`` client asks for and decodes by default).
 
-The inputs run as one right-padded batch per group on the engine's thread between two decode steps (as ``/inspect``
-does), so they never compete with the batch for the model. A causal model's position t reads positions <= t only,
-so the padding after an input changes none of its states: a batch gives what each input alone gives.
+Each input is an *embedding row* of the inference engine (``Row.pooling``): admitted, scheduled and batched with
+the other requests' rows by the scheduler, under the token budget, its prompt prefilled in chunks when it is long,
+its final hidden states pooled chunk by chunk (``InferenceEngine._advance_embedding``). A request's inputs enter the
+queue in waves of ``--max-batch`` rows, so a request of many inputs takes its turn as the others do. Their prompt
+tokens count in ``/metrics``' ``vllm:prompt_tokens`` as vLLM counts a pooling request's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from torch import nn
 
-from ..multi_lora import use_adapters
+from ..inference.engine import POOLINGS, InferenceEngine
+from ..inference.row import Row
+from .engine import EngineRequest, Finish
 from .protocol import _Fields, _prompts, bad
+from .state import Choices, finish_error
 
-POOLINGS = ("mean", "last")
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 
 
@@ -65,37 +68,19 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingRequest:
     return EmbeddingRequest(f.str("model"), inputs, pooling, f.bool("normalize", True), encoding)
 
 
-def embed(model: nn.Module, inputs: list[list[int]], pooling: str = "mean", normalize: bool = True,
-          max_tokens: int | None = None) -> torch.Tensor:
-    """The pooled last hidden states [len(inputs), D] (float32) of id lists of any lengths <= the context; batches
-    of at most ``max_tokens`` padded tokens (default: 8 contexts)."""
-    device = next(model.parameters()).device
-    budget = max_tokens or 8 * model.config.context_length
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))  # similar lengths share a batch: less padding
-    out = torch.empty(len(inputs), model.config.emb_dim)
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end + 1 - start) * len(inputs[order[end]]) <= budget:
-            end += 1
-        group = [inputs[i] for i in order[start:end]]
-        width = max(len(ids) for ids in group)
-        idx = torch.zeros(len(group), width, dtype=torch.long)
-        real = torch.zeros(len(group), width, dtype=torch.bool)
-        for r, ids in enumerate(group):
-            idx[r, :len(ids)] = torch.tensor(ids)
-            real[r, :len(ids)] = True
-        states = model.hidden_states(idx.to(device)).float().cpu()  # [G, T, D]: right padding changes no state
-        if pooling == "mean":
-            pooled = (states * real[..., None]).sum(1) / real.sum(1, keepdim=True)  # [G, D]
-        else:
-            lengths = torch.tensor([len(ids) for ids in group])
-            pooled = states[torch.arange(len(group)), lengths - 1]  # [G, D]
-        if normalize:
-            pooled = torch.nn.functional.normalize(pooled, dim=-1)
-        out[torch.tensor(order[start:end])] = pooled
-        start = end
-    return out
+def embed(model: nn.Module, inputs: list[list[int]], pooling: str = "mean", normalize: bool = True, *,
+          max_rows: int = 8, token_budget: int | None = None) -> torch.Tensor:
+    """The pooled last hidden states [len(inputs), D] (float32) of id lists of lengths 1 .. the context, run as
+    embedding rows of an ``InferenceEngine`` (``max_rows`` at once, ``token_budget`` tokens per forward: a longer
+    input is prefilled in chunks), as the server runs them."""
+    engine = InferenceEngine(model, max_rows=max_rows, token_budget=token_budget)
+    rows = [engine.add(Row(list(ids), None, pooling=pooling)) for ids in inputs]
+    engine.run_until_done()
+    failed = next((r for r in rows if r.finish_reason != "length"), None)
+    if failed is not None:
+        raise RuntimeError(f"an embedding row failed: {failed.error or failed.finish_reason}")
+    out = torch.stack([r.embedding.cpu() for r in rows])  # [N, D]
+    return torch.nn.functional.normalize(out, dim=-1) if normalize else out
 
 
 def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
@@ -113,18 +98,20 @@ async def embeddings(request: Request) -> Response:
     def tokenize() -> list[list[int]]:
         ids = [state.encode(p, "input") if isinstance(p, str) else state.check_ids(p, "input") for p in req.inputs]
         for i, one in enumerate(ids):
+            if not one:
+                raise bad("input", f"input {i} is empty: an embedding needs at least one token")
             if len(one) > state.context:
                 raise bad("input", f"input {i} has {len(one)} tokens, more than the model's context of "
                                    f"{state.context}")
         return ids
 
-    def run() -> torch.Tensor:
-        with contextlib.nullcontext() if adapter < 0 else use_adapters(state.model, [adapter]):
-            return embed(state.model, ids, req.pooling, req.normalize)
-
-    async with state.inspect_place():  # a place in the queue, as /inspect takes one
-        ids = await asyncio.to_thread(tokenize)
-        vectors = await state.run_inspect(run)
+    ids = await asyncio.to_thread(tokenize)
+    vectors: list[torch.Tensor] = []
+    wave = state.options.max_batch
+    for first in range(0, len(ids), wave):
+        vectors += await _embed_rows(state, ids[first:first + wave], req.pooling, adapter)
+    if req.normalize:
+        vectors = list(torch.nn.functional.normalize(torch.stack(vectors), dim=-1))
 
     def answer() -> bytes:
         data = [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
@@ -134,3 +121,23 @@ async def embeddings(request: Request) -> Response:
                            "usage": {"prompt_tokens": n, "total_tokens": n}}).encode()
 
     return Response(await asyncio.to_thread(answer), media_type="application/json")
+
+
+async def _embed_rows(state: Any, ids: list[list[int]], pooling: str, adapter: int) -> list[torch.Tensor]:
+    """One wave of inputs as embedding rows of the engine; their pooled states [D] each, in order (429 when the
+    queue cannot take them; the rows leave the engine if the request ends first)."""
+    choices = Choices(len(ids), state.metrics)
+    choices.requests = [EngineRequest(one, None, choices.sink(i), adapter=adapter, pooling=pooling)
+                        for i, one in enumerate(ids)]
+    state.enqueue(choices)
+    out: list[torch.Tensor | None] = [None] * len(ids)
+    try:
+        async for index, event in choices.events():
+            if isinstance(event, Finish):
+                error = finish_error(event)
+                if error is not None:
+                    raise error
+                out[index] = event.embedding
+    finally:
+        state.release(choices)
+    return out

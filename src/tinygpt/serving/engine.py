@@ -28,7 +28,7 @@ from torch import nn
 
 from ..devices import autocast
 from ..generation import GenerationConfig
-from ..inference.engine import InferenceEngine
+from ..inference.engine import InferenceEngine, RowOutput
 from ..inference.row import Row
 from ..text_stream import TextCodec, TextStreamer
 
@@ -75,6 +75,7 @@ class Finish:
     accepted_drafts: int = 0  # speculative decoding: draft tokens the model kept / threw away for this row
     rejected_drafts: int = 0
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    embedding: torch.Tensor | None = None  # an embedding request's pooled hidden states [D] (float32, on the CPU)
 
 
 @dataclass
@@ -90,10 +91,12 @@ class EngineRequest:
     context (``prompt + max_new_tokens - 1 <= C``); its ``eos_id`` ends the row (not part of the text).
     ``logprobs``: None, or how many top alternatives to report with each token (0 = only the chosen one).
     ``sink`` receives every event, from the engine's thread; it must not block. ``adapter``: the index of the
-    model's attached LoRA adapter the row runs with (``multi_lora``; -1: the base)."""
+    model's attached LoRA adapter the row runs with (``multi_lora``; -1: the base). With a ``pooling`` ("mean" or
+    "last") the request embeds its prompt instead (``config`` None): an embedding row, scheduled as scoring rows
+    are, whose ``Finish`` carries the pooled final hidden states."""
 
     prompt: list[int]
-    config: GenerationConfig
+    config: GenerationConfig | None
     sink: Callable[[Any], None]
     stop_texts: tuple[str, ...] = ()
     logprobs: int | None = None
@@ -101,6 +104,7 @@ class EngineRequest:
     adapter: int = -1
     constraint: Any = None  # an inference.constraint.RowConstraint (structured output), one per row
     cache_salt: str | None = None
+    pooling: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -115,6 +119,16 @@ def _top(logprobs: torch.Tensor, n: int) -> list[tuple[int, float]]:
     return list(zip(ids.tolist(), values.tolist()))
 
 
+@dataclass
+class _Held:
+    """A new token before its event: its raw logits [V] (None: not asked for, or never scored); ``ready`` once it
+    may go (a forced token of a row that reports log-probabilities waits for the forward that scores it)."""
+
+    token: int
+    logits: torch.Tensor | None
+    ready: bool
+
+
 class _Live:
     """A request on the engine: its core row and its text. With ``prompt_logprobs`` the prompt is first a scoring
     row of the core (``scoring``: scheduled under the token budget like any row, its logits gathered step by step);
@@ -126,6 +140,7 @@ class _Live:
         self.prompt_logits: list[torch.Tensor] = []  # the scoring row's logits so far, [m, V] each
         self.text = TextStreamer(tokenizer, req.stop_texts)
         self.count = 0  # tokens delivered (the end-of-text one included)
+        self.held: list[_Held] = []  # tokens not yet sent: forced ones wait for the forward that scores them
         self.done = False
 
     @property
@@ -305,6 +320,13 @@ class EngineThread:
             self._emit(req, Finish("cancelled", prompt_tokens=len(req.prompt)))
             return
         try:
+            if req.pooling is not None:
+                row = Row(list(req.prompt), None, tag=req, adapter=req.adapter, cache_salt=req.cache_salt,
+                          pooling=req.pooling)
+                live = _Live(req, row, self.tokenizer)
+                self.core.add(row)
+                self._live[row.id] = live
+                return
             cfg = req.config
             row = Row(list(req.prompt), cfg, generator=cfg.row_generator(self.device),  # as generate()'s row 0
                       want_logits=req.logprobs is not None, tag=req, adapter=req.adapter, constraint=req.constraint,
@@ -361,22 +383,43 @@ class EngineThread:
             try:
                 if out.row is live.scoring:
                     self._scored(live, out.logits)
+                elif out.row.pooling is not None:
+                    if out.row.finish_reason == "error":
+                        self._finish(live, Finish("error", message=out.row.error))
+                    elif out.row.finished:
+                        self._finish(live, Finish("length", embedding=out.row.embedding.cpu()))
                 else:
-                    self._deliver(live, out.tokens, out.logits)
+                    self._deliver(live, out)
             except Exception as err:
                 traceback.print_exc(file=sys.stderr)
                 self._finish(live, Finish("error", message=f"{type(err).__name__}: {err}"))
 
-    def _deliver(self, live: _Live, tokens: list[int], logits: torch.Tensor | None) -> None:
+    def _deliver(self, live: _Live, out: RowOutput) -> None:
+        """The step's tokens as events, in order. With ``logprobs`` a forced token waits for the next forward,
+        which scores it (``RowOutput.forced_logits``); the forced tokens that end the row are never fed, so they go
+        out with none."""
         row, req = live.row, live.req
-        for i, token in enumerate(tokens):
+        scored = [] if out.forced_logits is None else list(out.forced_logits)
+        for held in live.held:  # the forced tokens this forward scored, in order
+            if not held.ready and scored:
+                held.logits, held.ready = scored.pop(0), True
+        for i, token in enumerate(out.tokens):
+            logits = out.logits[i] if out.logits is not None and i < out.logits.shape[0] else None
+            owed = req.logprobs is not None and out.forced[i]  # a forced token: scored by the next forward
+            live.held.append(_Held(token, logits, not owed))
+        ready = 0
+        while ready < len(live.held) and (row.finished or live.held[ready].ready):
+            ready += 1
+        going, live.held = live.held[:ready], live.held[ready:]
+        for held in going:
+            token, logits = held.token, held.logits
             live.count += 1
             if token == row.config.eos_id:  # counted, but not part of the text or the tokens reported
                 self._finish(live, Finish("stop", live.text.finish()))
                 return
             info = TokenInfo(token)
-            if req.logprobs is not None and logits is not None and i < logits.shape[0]:  # forced tokens: none
-                logprobs = logits[i].float().log_softmax(-1)  # the model's distribution, before any setting
+            if req.logprobs is not None and logits is not None:  # a forced token that ends the row: none
+                logprobs = logits.float().log_softmax(-1)  # the model's distribution, before any setting
                 info = TokenInfo(token, float(logprobs[token]), _top(logprobs, req.logprobs))
             piece, stopped = live.text.add(token)
             if not self._emit(req, Step(info, piece)):

@@ -214,7 +214,8 @@ class ChatRequest:
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "n", "stream",
            "stream_options", "stop", "user", "presence_penalty", "frequency_penalty", "logit_bias", "cache_salt",
-           "response_format", "grammar", "regex"}  # the last three: serving.structured
+           "response_format", "grammar", "regex", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+           "guided_grammar"}  # from response_format on: serving.structured
 
 
 def _sampling(f: _Fields, max_tokens_name: str = "max_tokens") -> Sampling:

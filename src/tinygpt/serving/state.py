@@ -410,6 +410,11 @@ class ServerState:
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
                     adapter=adapter, constraint=None if grammar is None else grammar.constraint(device),
                     cache_salt=sampling.cache_salt))
+        self.enqueue(choices)
+        return choices
+
+    def enqueue(self, choices: Choices) -> None:
+        """Queue the choices' requests, all or none (429 when the queue cannot take them, 503 once stopping)."""
         try:
             self.running_engine().submit(choices.requests)
         except QueueFull as err:
@@ -417,7 +422,6 @@ class ServerState:
         except EngineStopped as err:
             raise APIError(503, str(err), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
         self.open.add(choices)
-        return choices
 
     def release(self, choices: Choices) -> None:
         """The request is over (answered, failed or its client gone): its rows leave the engine."""

@@ -1,11 +1,14 @@
 """Structured output for the API: ``response_format``, ``grammar``, ``regex`` and ``tools`` / ``tool_choice`` read from
-a request body into one ``ConstraintSpec``, compiled for the served tokenizer (``inference.grammar``), and a tool
-call's text turned back into OpenAI's ``tool_calls``.
+a request body into one ``ConstraintSpec``, compiled for the served tokenizer (``inference.grammar``);
+``tool_calls.py`` turns a tool call's text back into OpenAI's ``tool_calls``.
 
 - ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}`` (any JSON object),
   ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (OpenAI's form);
 - ``grammar``: a Lark grammar, or a GBNF one as llama.cpp's server takes it (``root ::= ...``);
-- ``regex``: the whole output matches it (vLLM's ``guided_regex``);
+- ``regex``: the whole output matches it;
+- vLLM's names for the same constraints: ``structured_outputs`` ``{"json" | "regex" | "choice" | "grammar" |
+  "json_object": true}`` (vLLM >= 0.10) and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
+  ``guided_grammar`` (``choice``: the answer is one of a list of strings);
 - ``tools`` with ``tool_choice``: ``"none"`` (the tools reach the chat template, the answer is text), a named
   function ``{"type": "function", "function": {"name": ...}}`` (the answer is that function's arguments, following
   its ``parameters`` schema), ``"required"`` (a JSON list of calls ``[{"name", "arguments"}]``, each following its
@@ -20,20 +23,19 @@ At most one of them constrains a request. Every error is a 400 naming the field 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..inference.grammar import Grammar, GrammarError, compile_grammar
 from .protocol import ChatRequest, CompletionRequest, bad
 
-CONSTRAINT_FIELDS = ("response_format", "grammar", "regex")
+CONSTRAINT_FIELDS = ("response_format", "grammar", "regex", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar")
+VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}  # vLLM's keys
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 4  # calls in one answer with parallel_tool_calls (a small model may otherwise list calls forever)
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' convention (tool_choice "auto")
-_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 
 
 @dataclass
@@ -87,7 +89,7 @@ def read_chat(req: ChatRequest, body: dict[str, Any], writes_calls: bool = False
     req.constraint = parse_constraint(body)
     if req.tools is not None and req.tools.calls:
         if req.constraint is not None:
-            raise bad(req.constraint.param.split(".")[0], f"conflicts with tool_choice="
+            raise bad(_field(req.constraint), f"conflicts with tool_choice="
                                                           f"{json.dumps(body.get('tool_choice'))} (the tool call's "
                                                           f"schema constrains the answer)")
         req.constraint = tool_constraint(req.tools)
@@ -127,9 +129,59 @@ def parse_constraint(body: dict[str, Any]) -> ConstraintSpec | None:
             if not isinstance(value, str) or not value:
                 raise bad(name, "must be a non-empty string")
             found.append(ConstraintSpec(name, value, name))
+    found += _vllm_constraints(body)
     if len(found) > 1:
-        raise bad(found[1].param.split(".")[0], f"give one of {', '.join(CONSTRAINT_FIELDS)}, not several")
+        first, second = (_field(spec) for spec in found[:2])
+        raise bad(second, f"conflicts with {first}: give one of {', '.join(CONSTRAINT_FIELDS)}, not several")
     return found[0] if found else None
+
+
+def _field(spec: ConstraintSpec) -> str:
+    """The request field a constraint came from (``structured_outputs``' own key kept)."""
+    return spec.param if spec.param.startswith("structured_outputs") else spec.param.split(".")[0]
+
+
+def _vllm_constraints(body: dict[str, Any]) -> list[ConstraintSpec]:
+    """vLLM's ``structured_outputs`` object and its older ``guided_*`` fields, as ``ConstraintSpec``s."""
+    found = [_vllm_spec(key, body[f"guided_{key}"], f"guided_{key}") for key in VLLM_KINDS
+             if body.get(f"guided_{key}") is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is None:
+        return found
+    allowed = ", ".join([*VLLM_KINDS, "json_object"])
+    if not isinstance(outputs, dict):
+        raise bad("structured_outputs", f"must be an object with one of {allowed}")
+    unknown = sorted(set(outputs) - set(VLLM_KINDS) - {"json_object"})
+    if unknown:
+        raise bad(f"structured_outputs.{unknown[0]}", f"unknown field; allowed: {allowed}")
+    for key in VLLM_KINDS:
+        if outputs.get(key) is not None:
+            found.append(_vllm_spec(key, outputs[key], f"structured_outputs.{key}"))
+    if outputs.get("json_object") is not None:
+        if outputs["json_object"] is not True:
+            raise bad("structured_outputs.json_object", "must be true (any JSON object) or absent")
+        found.append(ConstraintSpec("json_object", None, "structured_outputs.json_object"))
+    return found
+
+
+def _vllm_spec(key: str, value: Any, param: str) -> ConstraintSpec:
+    """One vLLM constraint: ``json`` a schema (an object, or its JSON text), ``choice`` a list of strings,
+    ``regex`` / ``grammar`` a string."""
+    if key == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise bad(param, "must be a JSON schema (an object, or its JSON text); the text does not "
+                                 "parse") from None
+        if not isinstance(value, dict):
+            raise bad(param, "must be a JSON schema (an object, or its JSON text)")
+    elif key == "choice":
+        if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+            raise bad(param, "must be a non-empty list of non-empty strings")
+    elif not isinstance(value, str) or not value:
+        raise bad(param, "must be a non-empty string")
+    return ConstraintSpec(VLLM_KINDS[key], value, param)
 
 
 def parse_tools(body: dict[str, Any], writes_calls: bool = False) -> ToolSpec | None:
@@ -208,42 +260,6 @@ def compile_spec(spec: ConstraintSpec, tokenizer: Any, vocab_size: int) -> Gramm
         return compile_grammar(spec.kind, spec.source, tokenizer, vocab_size)
     except GrammarError as err:
         raise bad(spec.param, f"cannot be used: {err}") from None
-
-
-def tool_calls(text: str, tools: ToolSpec) -> list[dict[str, Any]] | None:
-    """OpenAI's ``tool_calls`` from a constrained answer's text; None when it does not parse (cut by
-    ``max_tokens``: then the text is returned as content, with ``finish_reason: "length"``)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if tools.named:
-        calls = [(tools.choice, value)]
-    elif isinstance(value, list) and all(isinstance(c, dict) and "name" in c for c in value):
-        calls = [(c["name"], c.get("arguments", {})) for c in value]
-    else:
-        return None
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
-
-
-def auto_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """(content, calls) of an answer with ``tool_choice: "auto"``: the calls it wrote as
-    ``<tool_call>{"name", "arguments"}</tool_call>`` (each naming one of the tools, with JSON arguments), and the
-    text before the first; (text, None) when it wrote none that parse."""
-    calls = []
-    for found in _CALL.finditer(text):
-        try:
-            call = json.loads(found.group(1))
-        except ValueError:
-            return text, None
-        if not (isinstance(call, dict) and call.get("name") in tools.functions):
-            return text, None
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}})
-    if not calls:
-        return text, None
-    return text[:text.index(CALL_OPEN)].strip() or None, calls
 
 
 def parse_message_extras(i: int, message: dict[str, Any]) -> dict[str, Any]:

@@ -149,7 +149,8 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> list[str]:
 
 def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
     """Load a checkpoint's model weights into ``stage.policy`` and its heads' into ``stage.heads`` (in place, before
-    the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's."""
+    the loop wraps them). ``ValueError`` when the checkpoint's config or tokenizer differs from the stage's. The
+    checkpoint's config is ``stage.resumed_config`` when the stage has read it already, else read here."""
     from ..checkpoint import load_config, load_weights_into
     from ..lora import is_adapted
     from ..tokenizer import load_tokenizer
@@ -162,7 +163,8 @@ def load_weights(stage: Any, directory: Path, state: dict[str, Any]) -> None:
         if adapter.config != stage.policy.lora_config:
             raise ValueError(f"{directory}: the run trained LoRA {adapter.config.to_dict()}, but the options give "
                              f"{stage.policy.lora_config.to_dict()}: resume with the run's --lora-* flags")
-    saved_config = adapter.model_config if adapter is not None else load_config(directory)
+    saved_config = (adapter.model_config if adapter is not None else
+                    getattr(stage, "resumed_config", None) or load_config(directory))
     problem = config_mismatch(stage.policy.config, saved_config, directory, f"the {stage.name} model")
     if problem:
         raise ValueError(problem)

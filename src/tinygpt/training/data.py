@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..fileio import read_json_object
 from ..tokenizer import TOKENIZER_FILES
 from .sources import DEFAULT_TEXT_FIELD, Source, find_sources, iter_documents, iter_text_chunks  # noqa: F401
 
@@ -74,7 +75,7 @@ class PreparedCorpus:
             raise FileNotFoundError(
                 f"{directory} is not a prepared corpus (no {HEADER_NAME}); make one with `tinygpt prepare`"
             )
-        header = json.loads(header_path.read_text(encoding="utf-8"))
+        header = read_json_object(header_path)
         if header.get("format") != FORMAT:
             raise ValueError(f"{header_path}: format {header.get('format')!r} is not {FORMAT!r}")
         dtype = np.dtype(header["dtype"])

@@ -9,6 +9,7 @@ from typing import Any
 from .. import checks
 from ..checks import option
 from ..config import DEFAULT_SEED, GPTConfig
+from .sources import FORMATS
 
 DTYPES = ("auto", "float32", "bfloat16")  # = tinygpt.devices.DTYPES (this module stays torch-free)
 OPTIMIZERS = ("adamw", "muon")  # training.optim.build_for
@@ -161,3 +162,22 @@ class TrainingOptions(LoopOptions):
         checks.fraction("val_fraction", self.val_fraction)
         if self.data is not None and self.prepared is not None:
             raise ValueError("give either data paths or a prepared corpus, not both")
+
+
+@dataclass
+class PrepareOptions:
+    """``tinygpt prepare``: text into a memmapped token file with a train/val split (``training.prepare_corpus``)."""
+
+    data: list[str] = option(None, "text files, JSON Lines (.jsonl), Parquet (.parquet), folders saved by datasets' "
+                                   "save_to_disk, or folders of these (searched recursively; hidden and other binary "
+                                   "files skipped)", metavar="PATH", required=True, default_help=None)
+    format: str = option("auto", "how to read every file; auto = by suffix and folder contents", choices=FORMATS)
+    text_field: str = option("text", "the field (JSON Lines) or column (Parquet, datasets) holding each record's text",
+                             metavar="NAME")
+    split: str = option("train", "the split of a saved DatasetDict")
+    workers: int = option(1, "processes that encode the text, the same tokens as one")
+    tokenizer: str = option("char", TOKENIZER_HELP)
+    out: str = option(None, "output folder (prepared.json, tokens.bin, tokenizer/)", required=True)
+    val_fraction: float = option(0.1, "the last fraction of the tokens held out for validation")
+    no_progress: bool = option(False, "no progress bar")
+    force: bool = option(False, "write into a folder that holds other files (kept)")

@@ -8,7 +8,6 @@ Everything else -- optimizer, schedule, evaluation cadence, checkpoints, resume,
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import load_config
 from ..config import GPTConfig, get_config
+from ..fileio import read_json_object
 from ..generation import generate
 from ..model import GPTModel
 from . import distributed as dist_utils
@@ -44,11 +44,7 @@ def resolve_config(spec: str | GPTConfig | None, tokenizer_vocab: int,
         config = spec
     elif str(spec).endswith(".json"):
         config = GPTConfig.from_file(spec)
-        try:
-            keys = json.loads(Path(spec).read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # from_file has read and parsed it just now
-            keys = {}
-        if isinstance(keys, dict) and "vocab_size" not in keys:
+        if "vocab_size" not in read_json_object(spec):  # from_file has just read it: a JSON object
             config = config.replace(vocab_size=tokenizer_vocab)
     else:
         config = get_config(str(spec))
@@ -121,7 +117,7 @@ class PretrainStage(Stage):
         overrides = {k: getattr(o, k) for k in ("n_layers", "n_heads", "emb_dim", "context_length")}
         if resume_from is None:
             return resolve_config(o.config, vocab, overrides)
-        config = load_config(resume_from)
+        config = self.resumed_config = load_config(resume_from)  # the one read of the checkpoint's config
         if o.config is not None or any(v is not None for v in overrides.values()):
             problem = config_mismatch(resolve_config(o.config or config, vocab, overrides), config, resume_from,
                                       "--config")

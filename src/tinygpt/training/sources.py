@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..fileio import read_json_object
+
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
 DEFAULT_TEXT_FIELD = "text"
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -248,28 +250,17 @@ def _hf_arrow_files(path: Path, split: str | None) -> list[Path]:
     """The Arrow files of a saved ``Dataset`` (``state.json``'s ``_data_files``) or of one split of a saved
     ``DatasetDict`` (``split=None``: every split, for sizes)."""
     if (path / "dataset_dict.json").is_file():
-        splits = _json_object(path / "dataset_dict.json").get("splits", [])
+        splits = read_json_object(path / "dataset_dict.json").get("splits", [])
         if not isinstance(splits, list) or not all(isinstance(s, str) and s for s in splits):
             raise ValueError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of split names")
         if split is not None and split not in splits:
             raise ValueError(f"{path}: no split {split!r} (splits: {', '.join(splits)}); choose one with --split")
         return [f for s in (splits if split is None else [split]) for f in _hf_arrow_files(path / s, None)]
-    files = _json_object(path / "state.json").get("_data_files", [])
+    files = read_json_object(path / "state.json").get("_data_files", [])
     if not isinstance(files, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
                                               for e in files):
         raise ValueError(f"{path / 'state.json'}: '_data_files' must be a list of {{\"filename\": ...}} objects")
     return [path / entry["filename"] for entry in files]
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """A saved dataset's small JSON file as an object; anything else is a ``ValueError`` naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{path}: not a readable JSON file ({type(err).__name__}: {err})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a JSON object, got a JSON {type(data).__name__}")
-    return data
 
 
 def iter_hf_dataset(path: Path, field: str, split: str = "train", on_rows: Callable[[int], None] | None = None

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from ..config import GPTConfig
     from ..model import GPTModel
     from ..tokenizer import Tokenizer
     from .distributed import DistContext
@@ -49,6 +50,9 @@ class Stage:
     peak_flops: float | None = None
     inputs: tuple[str, ...] = ()  # files the run reads, which its --out must not overwrite
     forward: Any = None  # the trainable module as the loop wraps it (DDP / torch.compile); set before any step
+    # The checkpoint's config when setup read it to build the model from it (pretraining's resume): the loop then
+    # checks the weights against it instead of reading config.json a second time.
+    resumed_config: GPTConfig | None = None
 
     # ----------------------------------------------------------------------------------------- setup
     def setup(self, options: LoopOptions, ctx: DistContext, resume_from: Path | None) -> None:
