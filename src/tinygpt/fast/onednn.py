@@ -79,7 +79,7 @@ TRAINED_MIN_MACS = 1 << 28  # rows * in * out of the forward's product (each of 
 # product is several times faster at 1 and 16 rows and no slower at 128, while from about gpt2-small's weights
 # oneDNN ties or wins (docs/performance.md). A rule on the weight alone (not the rows), so a weight's prompt and
 # decode products take one kernel.
-INFERENCE_MIN_WEIGHT = 1 << 18  # weight.numel() (in * out) from which inference products run on oneDNN
+INFERENCE_MIN_WEIGHT = 1 << 19  # weight.numel() (in * out) from which inference products run on oneDNN
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
