@@ -100,3 +100,24 @@ def test_the_compiled_decode_step_gives_the_eager_tokens():
     prompt = PROMPTS[0]
     eager = generate(model, [prompt], max_new_tokens=6).rows()
     assert generate(model, [prompt], max_new_tokens=6, compile=True).rows() == eager == [_offline(model, prompt, 6)]
+
+
+def test_serve_compile_reaches_the_engine_and_its_rows_decode_the_offline_tokens(monkeypatch, one_thread):
+    from serving_support import Collector, offline, tiny_model, tokenizer
+    from tinygpt.serving.engine import EngineRequest, EngineThread
+    from tinygpt.serving.options import ServeOptions
+
+    assert ServeOptions(compile=True).compile and not ServeOptions().compile
+    calls = _spy_compile(monkeypatch)
+    model = tiny_model()
+    engine = EngineThread(model, tokenizer(), max_batch=2, compile=True)
+    try:
+        prompt = tokenizer().encode("Every effort")
+        sink = Collector()
+        settings = GenerationConfig(max_new_tokens=5, eos_id=tokenizer().eot_id, overflow="error")
+        engine.submit([EngineRequest(list(prompt), settings, sink)])
+        sink.wait()
+        assert sink.tokens == offline(model, prompt, 5)
+        assert calls  # the decode steps ran through the compiled model
+    finally:
+        engine.shutdown()
