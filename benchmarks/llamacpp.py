@@ -25,6 +25,7 @@ with the engine's lean step; ``--compile`` adds a second tinygpt decode column w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -34,7 +35,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -78,11 +79,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, threads: int) -> list[list[int]]:
-    """Greedy continuations of token-id prompts from llama-server (started, asked, stopped)."""
+@contextlib.contextmanager
+def llama_server(binary: Path, gguf: Path, *, threads: int, context: int = 1024) -> Iterator[str]:
+    """A llama-server on ``gguf`` (127.0.0.1, a free port), its base URL while the block runs; stopped after."""
     port = _free_port()
     server = subprocess.Popen([str(binary / "llama-server"), "-m", str(gguf), "-t", str(threads), "--host",
-                               "127.0.0.1", "--port", str(port), "-c", "1024", "-np", "1"],
+                               "127.0.0.1", "--port", str(port), "-c", str(context), "-np", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -95,18 +97,26 @@ def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, 
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError(f"llama-server did not start on {gguf}") from None
                 time.sleep(0.5)
-        outs = []
-        for prompt in prompts:
-            body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,
-                               "ignore_eos": True, "return_tokens": True}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as r:
-                outs.append(list(json.loads(r.read())["tokens"]))
-        return outs
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def completion(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's /completion answer to ``body``."""
+    request = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, threads: int) -> list[list[int]]:
+    """Greedy continuations of token-id prompts from llama-server (started, asked, stopped)."""
+    with llama_server(binary, gguf, threads=threads) as url:
+        return [list(completion(url, {"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1,
+                                      "cache_prompt": False, "ignore_eos": True, "return_tokens": True})["tokens"])
+                for prompt in prompts]
 
 
 def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, prompt: int, decode: int,

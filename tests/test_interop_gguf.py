@@ -55,12 +55,13 @@ def test_f32_export_loads_in_transformers_with_the_same_logits(tmp_path, variant
     model = _model(tokenizer.vocab_size, **kw)
     write_gguf(model, tmp_path / "m.gguf", tokenizer)
     # transformers reads n_ctx from the GGUF but leaves n_positions at 1024: the config is passed (context 32)
-    config = transformers.GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=32, n_ctx=32, n_embd=64, n_layer=2,
-                                     n_head=4)
+    # (and the character vocabulary's extra rows: tests/test_interop_gguf_char.py)
+    rows = read_gguf(tmp_path / "m.gguf").shapes["token_embd.weight"][0]
+    config = transformers.GPT2Config(vocab_size=rows, n_positions=32, n_ctx=32, n_embd=64, n_layer=2, n_head=4)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", config=config).eval()
     ids = tokenizer.encode(CHAR_TEXT)[:32]
     with torch.no_grad():
-        theirs = hf(torch.tensor([ids])).logits
+        theirs = hf(torch.tensor([ids])).logits[..., :tokenizer.vocab_size]
     torch.testing.assert_close(_logits(model, ids), theirs, rtol=0, atol=1e-6)  # float32
 
 
@@ -73,11 +74,12 @@ def test_llama_export_loads_in_transformers_with_the_same_logits(tmp_path):
     model = _model(tokenizer.vocab_size, n_kv_heads=2, **LLAMA)
     write_gguf(model, tmp_path / "m.gguf", tokenizer)
     assert read_gguf(tmp_path / "m.gguf").architecture == "llama"
-    config = transformers.LlamaConfig(**tinygpt_to_llama_config(model.config))
+    rows = read_gguf(tmp_path / "m.gguf").shapes["token_embd.weight"][0]  # the characters' extra tokens too
+    config = transformers.LlamaConfig(**{**tinygpt_to_llama_config(model.config), "vocab_size": rows})
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", config=config).eval()
     ids = tokenizer.encode(CHAR_TEXT[:32])
     with torch.no_grad():
-        theirs = hf(torch.tensor([ids])).logits
+        theirs = hf(torch.tensor([ids])).logits[..., :tokenizer.vocab_size]
     torch.testing.assert_close(_logits(model, ids), theirs, rtol=0, atol=1e-5)  # float32; q/k rows permuted
 
 
@@ -183,7 +185,7 @@ def test_trained_bpe_and_char_vocabularies_rebuilt_from_the_metadata(tmp_path):
     fields = read_gguf(tmp_path / "char.gguf").fields
     tokens = fields["tokenizer.ggml.tokens"]
     assert tokens[char.chars.index(" ")] == "Ġ" and tokens[char.chars.index("é")] == "Ã©"
-    assert fields["tokenizer.ggml.eos_token_id"] == char.chars.index("\n")  # no end of text: a line ends it
+    assert fields["tokenizer.ggml.eos_token_id"] == char.vocab_size and tokens[char.vocab_size] == "<|endoftext|>"
     assert load_gguf(tmp_path / "char.gguf")[1].encode(CHAR_TEXT) == char.encode(CHAR_TEXT)
 
 
@@ -351,7 +353,7 @@ def test_llama_cpp_runs_the_export_as_tinygpt_does(tmp_path, gpt2_vocab_dir, voc
         steps = _logits(reference, ids + greedy)[0, len(ids) - 1:-1]  # [8, V]: the logits each pick was made from
         picked = steps.gather(1, torch.tensor(greedy)[:, None])[:, 0]
         assert (picked >= steps.max(dim=1).values - 2 * tolerance).all(), (picked, steps.max(dim=1).values)
-    assert llm.token_eos() == (tokenizer.eot_id if vocab != "char" else tokenizer.chars.index("\n"))
+    assert llm.token_eos() == (tokenizer.eot_id if vocab != "char" else tokenizer.vocab_size)  # its <|endoftext|>
 
 
 # ------------------------------------------------------------------------------ hostile files (issue 43: E5, E7, E8)

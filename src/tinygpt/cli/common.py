@@ -193,16 +193,14 @@ def load_for_command(model: str, tokenizer_dir: str | None, device_name: str,
                      weights: str = "float32", *, base: str | None = None) -> tuple[Any, Any, Any]:
     """(model, tokenizer, device) for a command that runs a model on text: ``--model`` loaded on ``--device``
     (an adapter folder on ``--base``, when given), a tokenizer required (``CommandError`` naming the fix when the
-    checkpoint has none), its linears then in ``--weights``' type (``fast.weights``)."""
+    checkpoint has none), its linears in ``--weights``' type (``fast.weights``; a GGUF file's read straight into it)."""
     from ..devices import resolve_device
-    from ..fast.weights import convert_weights
     from ..interop.pretrained import load_pretrained
 
     device = resolve_device(device_name)
-    loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=device, base=base)
+    loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=device, base=base, weights=weights)
     if tokenizer is None:
         raise CommandError(f"{model} has no tokenizer: pass --tokenizer-dir DIR")
-    convert_weights(loaded, weights)
     return loaded, tokenizer, device
 
 

@@ -14,8 +14,9 @@ only the products read the smaller weights.
   product torch's ``_weight_int8pack_mm`` (x [M, in] bf16 @ int8 weight^T, times the channel's scale): one byte per
   weight. The input is rounded to bf16 first (that kernel is fastest with bf16 input on CPU).
 
-Inference only: a converted model refuses to train (its linears have no float weight to update). Measured by
-``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
+A GGUF file's f16 / bf16 / q8_0 tensors are read straight into these types, never as a float32 model
+(``interop.gguf_weights``). Inference only: a converted model refuses to train (its linears have no float weight to
+update). Measured by ``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
 """
 
 from __future__ import annotations
@@ -103,6 +104,19 @@ class Int8Linear(_InferenceLinear):
         q, scale = quantize_int8(weight)
         self.register_buffer("qweight", q)  # [out, in] int8
         self.register_buffer("scale", scale)  # [out] float32
+
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        """The layer of already quantised weights: q [out, in] int8, scale [out] float32 (a GGUF read row by row,
+        ``interop.gguf_weights``), kept as given."""
+        if q.dtype != torch.int8 or q.dim() != 2 or tuple(scale.shape) != (q.shape[0],):
+            raise ValueError(f"Int8Linear.from_int8 takes q [out, in] int8 and scale [out]; got {q.dtype} "
+                             f"{tuple(q.shape)} and {tuple(scale.shape)}")
+        layer = cls.__new__(cls)
+        _InferenceLinear.__init__(layer, q.shape[1], q.shape[0], bias)
+        layer.register_buffer("qweight", q)
+        layer.register_buffer("scale", scale.float())
+        return layer
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""

@@ -23,6 +23,8 @@ without them (tinygpt's default ``qkv_bias=False``) is written with zero biases,
 biases dropped again); a file without it (llama.cpp's converter's) gets its config from the architecture's keys.
 Quantisation follows llama.cpp's converter: 1-D tensors, norms, biases and the position table stay float32; every
 other weight is q8_0 / q4_0 / f16 (``gguf.quants.quantize``), or f16 when its rows are not whole 32-value blocks.
+``load_gguf(path, weights="bfloat16" | "int8")`` reads the linears straight into ``fast.weights``' types
+(``interop.gguf_weights``); a character vocabulary's extra rows are ``gguf_vocab``'s.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ..config import GPTConfig
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .gguf_header import check_gguf_header
-from .gguf_vocab import KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
+from .gguf_vocab import EXTRA_ROWS_KEY, KIND_KEY, tokenizer_from_metadata, tokenizer_metadata
 
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_0")
 CONFIG_KEY = "tinygpt.config"
@@ -145,6 +147,19 @@ def quantize_tensor(name: str, data: np.ndarray, wanted: str) -> tuple[np.ndarra
         return gguf.quants.quantize(data, qtype), qtype
 
 
+def _with_extra_rows(tensors: dict[str, torch.Tensor], n_tokens: int, extra: int) -> dict[str, torch.Tensor]:
+    """``token_embd`` and ``output`` (when untied) with ``extra`` rows appended, each the mean of the first
+    ``n_tokens`` rows (the tokenizer's): the logit of such a row is the mean of the real tokens' logits, never above
+    their largest (``gguf_vocab``'s extra tokens)."""
+    out = {}
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors:
+            rows = tensors[name]
+            mean = rows[:n_tokens].double().mean(dim=0).to(rows.dtype)  # [emb_dim]
+            out[name] = torch.cat((rows, mean.expand(extra, -1)))
+    return out
+
+
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}
 
 
@@ -162,6 +177,9 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
     arch = gguf_architecture(config)
     vocab = tokenizer_metadata(tokenizer, config.vocab_size) if tokenizer is not None else None
     tensors = gguf_tensors(model.state_dict(), config)
+    extra = vocab["extra_rows"] if vocab is not None else 0
+    if extra:
+        tensors.update(_with_extra_rows(tensors, tokenizer.vocab_size, extra))
 
     def write(tmp: Path) -> None:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -180,7 +198,7 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
             writer.add_rope_dimension_count(config.head_dim)
             writer.add_key_length(config.head_dim)
             writer.add_value_length(config.head_dim)
-            writer.add_vocab_size(config.vocab_size)
+            writer.add_vocab_size(config.vocab_size + extra)
         writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[type]))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama.cpp's converter writes it at every type
         writer.add_string(CONFIG_KEY, config.to_json())
@@ -195,6 +213,8 @@ def write_gguf(model: GPTModel, path: str | Path, tokenizer: Tokenizer | None = 
                 writer.add_eos_token_id(vocab["eos_token_id"])
             writer.add_add_bos_token(False)  # GPT-2 adds no token at the start of a text
             writer.add_string(KIND_KEY, vocab["kind"])
+            if extra:
+                writer.add_uint32(EXTRA_ROWS_KEY, extra)
         if chat_template is not None:
             writer.add_chat_template(chat_template)
         for tensor_name, tensor in tensors.items():
@@ -225,6 +245,7 @@ class GGUFContents:
     fields: dict[str, Any]
     shapes: dict[str, tuple[int, ...]]
     readers: dict[str, Callable[[], np.ndarray]]
+    entries: dict[str, Any] = dataclasses.field(default_factory=dict)  # gguf-py's ReaderTensor, for direct reads
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
@@ -254,7 +275,7 @@ def read_gguf(path: str | Path) -> GGUFContents:
             return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
 
         readers[tensor.name] = load
-    return GGUFContents(path, arch, fields, shapes, readers)
+    return GGUFContents(path, arch, fields, shapes, readers, {tensor.name: tensor for tensor in reader.tensors})
 
 
 def _float32(value: Any) -> float:
@@ -312,9 +333,29 @@ def _expected_gguf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in gguf_tensors(state, config).items()}
 
 
-def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None) -> GPTModel:
+def _without_extra_rows(contents: GGUFContents) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes, less the rows a character vocabulary's extra tokens added (``tinygpt.extra_rows``)."""
+    extra = int(contents.fields.get(EXTRA_ROWS_KEY, 0))
+    shapes = dict(contents.shapes)
+    for name in ("token_embd.weight", "output.weight"):
+        if extra and name in shapes:
+            shapes[name] = (shapes[name][0] - extra, *shapes[name][1:])
+    return shapes
+
+
+def drop_extra_rows(tensors: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """``tensors`` with ``token_embd`` and ``output`` cut back to the model's ``vocab_size`` rows (in place)."""
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors and tensors[name].shape[0] > vocab_size:
+            tensors[name] = tensors[name][:vocab_size].clone()
+    return tensors
+
+
+def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None, weights: str = "float32"
+                    ) -> GPTModel:
     """The ``GPTModel`` of a parsed GGUF (dequantised to float32, or ``dtype``); every tensor name and shape is
-    checked against the config before any is read."""
+    checked against the config before any is read. ``weights`` ``bfloat16`` or ``int8``: the block linears and the
+    head read straight into ``fast.weights``' types, a few rows at a time (``interop.gguf_weights``)."""
     from ..checkpoint import check_names_and_shapes
 
     config = config_from_gguf(contents)
@@ -326,54 +367,62 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None)
     if gguf_architecture(config) != contents.architecture:
         raise ValueError(f"{contents.path}: {CONFIG_KEY} describes a {gguf_architecture(config)} model, but the file "
                          f"is {contents.architecture}")
-    check_names_and_shapes(contents.path, contents.shapes, _expected_gguf_shapes(config))
+    check_names_and_shapes(contents.path, _without_extra_rows(contents), _expected_gguf_shapes(config))
+    if weights != "float32":
+        from .gguf_weights import small_model_from_gguf
+
+        if dtype is not None:
+            raise ValueError(f"dtype={dtype} and weights={weights!r}: the small weight types take no dtype")
+        return small_model_from_gguf(contents, config, weights)
     tensors = {name: torch.from_numpy(read()) for name, read in contents.readers.items()}
-    state = _tinygpt_state(tensors, config, contents.path)
+    state = _tinygpt_state(drop_extra_rows(tensors, config.vocab_size), config, contents.path)
     return model_from_state_dict(config, state, source=contents.path, dtype=dtype)
 
 
 def _tinygpt_state(t: dict[str, torch.Tensor], config: GPTConfig, source: Path) -> dict[str, torch.Tensor]:
-    """GGUF tensors -> a ``GPTModel`` state dict; the zero biases an export added for the gpt2 graph are dropped
-    (one that is not zero means the config does not describe the weights)."""
+    """GGUF tensors -> a ``GPTModel`` state dict (``t`` is consumed, so each tensor can be freed as soon as it is
+    used); the zero biases an export added for the gpt2 graph are dropped (one that is not zero means the config
+    does not describe the weights)."""
     def keep(name: str, ours: str, wanted: bool) -> Iterator[tuple[str, torch.Tensor]]:
         if wanted:
-            yield ours, t[name]
-        elif torch.count_nonzero(t[name]):
+            yield ours, t.pop(name)
+        elif torch.count_nonzero(t.pop(name)):
             raise ValueError(f"{source}: tensor {name!r} is not zero, but {CONFIG_KEY} has no such bias")
 
-    out = {"tok_emb.weight": t["token_embd.weight"], "final_norm.scale": t["output_norm.weight"]}
+    out = {"tok_emb.weight": t.pop("token_embd.weight"), "final_norm.scale": t.pop("output_norm.weight")}
     if "position_embd.weight" in t:
-        out["pos_emb.weight"] = t["position_embd.weight"]
+        out["pos_emb.weight"] = t.pop("position_embd.weight")
     if not config.tie_weights:
-        out["out_head.weight"] = t["output.weight"]
+        out["out_head.weight"] = t.pop("output.weight")
     if "output_norm.bias" in t:
         out.update(keep("output_norm.bias", "final_norm.shift", config.bias))
     for i in range(config.n_layers):
         ours, blk = f"trf_blocks.{i}.", f"blk.{i}."
-        out.update({ours + mine: t[blk + theirs] for theirs, mine in _BLOCK_NAMES.items()})
+        out.update({ours + mine: t.pop(blk + theirs) for theirs, mine in _BLOCK_NAMES.items()})
         if blk + "attn_qkv.weight" in t:
-            out[ours + "att.qkv.weight"] = t[blk + "attn_qkv.weight"]
-            out[ours + "ff.layers.0.weight"] = t[blk + "ffn_up.weight"]
+            out[ours + "att.qkv.weight"] = t.pop(blk + "attn_qkv.weight")
+            out[ours + "ff.layers.0.weight"] = t.pop(blk + "ffn_up.weight")
             for theirs, mine, switch in _GPT2_BIASES:
                 out.update(keep(blk + theirs, ours + mine, getattr(config, switch)))
         else:
-            q = _permute_rope(t[blk + "attn_q.weight"], config.n_heads, to_gguf=False)
-            k = _permute_rope(t[blk + "attn_k.weight"], config.kv_heads, to_gguf=False)
-            out[ours + "att.qkv.weight"] = torch.cat((q, k, t[blk + "attn_v.weight"]))
-            out[ours + "ff.layers.0.weight"] = torch.cat((t[blk + "ffn_gate.weight"], t[blk + "ffn_up.weight"]))
+            q = _permute_rope(t.pop(blk + "attn_q.weight"), config.n_heads, to_gguf=False)
+            k = _permute_rope(t.pop(blk + "attn_k.weight"), config.kv_heads, to_gguf=False)
+            out[ours + "att.qkv.weight"] = torch.cat((q, k, t.pop(blk + "attn_v.weight")))
+            gate, up = t.pop(blk + "ffn_gate.weight"), t.pop(blk + "ffn_up.weight")
+            out[ours + "ff.layers.0.weight"] = torch.cat((gate, up))
     return out
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None,
+def load_gguf(path: str | Path, *, dtype: torch.dtype | None = None, weights: str = "float32",
               warn: Callable[[str], None] = lambda message: None
               ) -> tuple[GPTModel, Tokenizer | None, str | None]:
-    """(model, tokenizer or None, chat template or None) of a GGUF file; ``warn`` says why a tokenizer is not
-    carried over. A GPT-2 vocabulary is rebuilt as its two files in a temporary folder that lives as long as the
-    tokenizer (saving it copies them)."""
+    """(model, tokenizer or None, chat template or None) of a GGUF file; ``weights``: as ``model_from_gguf``;
+    ``warn`` says why a tokenizer is not carried over. A GPT-2 vocabulary is rebuilt as its two files in a
+    temporary folder that lives as long as the tokenizer (saving it copies them)."""
     import tempfile
 
     contents = read_gguf(path)
-    model = model_from_gguf(contents, dtype=dtype)
+    model = model_from_gguf(contents, dtype=dtype, weights=weights)
     folder = tempfile.TemporaryDirectory(prefix="tinygpt-gguf-vocab-")
     tokenizer = tokenizer_from_metadata(contents.fields, Path(folder.name), warn)
     if tokenizer is not None:

@@ -10,9 +10,17 @@ merges as ``"left right"`` strings in rank order, and a pre-tokenizer name that 
   ``gpt-2``, with its own tokens and merges.
 - a character vocabulary: each character is the token of its UTF-8 bytes in the byte alphabet (``é`` is ``Ã©``); the
   only merges are those that join the bytes of one multi-byte character, so llama.cpp's BPE yields exactly one token
-  per character (UTF-8 is prefix-free: no merge can reach across two characters). It has no end-of-text token, and
-  llama.cpp's BPE vocabulary takes id 11 as bos/eos when none is named; the export names the newline character's
-  id instead (generation then stops at the end of a line; ``--ignore-eos`` generates a fixed length).
+  per character (UTF-8 is prefix-free: no merge can reach across two characters). An ASCII vocabulary has no such
+  merges, and llama.cpp refuses a BPE vocabulary without any: it gets ``NEVER_MERGED``, which no text meets.
+
+  Past the model's rows come the extra tokens: ``<|endoftext|>`` (a control token, the bos/eos id: a character
+  model has no end of text, and naming a character -- the newline, say -- stopped llama.cpp at its first one), then
+  the sides and results of merges that are not characters (for ``é``: ``Ã`` and ``©``, a lead and a continuation
+  byte; for ``NEVER_MERGED``: ``ÿ`` and ``ÿÿ``), unused tokens that a BPE built by ``tokenizers`` (transformers'
+  GGUF loader) needs in its vocabulary. ``write_gguf`` gives each a row of the embedding and the head: the mean of
+  the characters' rows, so its logit is the mean of theirs, never above their largest (equal only when all are, and
+  then argmax picks the lower id): the model never ends a text, as in tinygpt, and every character's logit is what
+  it was. ``tinygpt.extra_rows`` counts them; the import drops them again.
 
 Model rows beyond the tokenizer's vocabulary are written as ``[PAD{i}]`` tokens of type UNUSED, as llama.cpp's
 converter does. ``tinygpt.tokenizer.kind`` records which tokenizer it was, so that the import rebuilds the same one;
@@ -30,6 +38,8 @@ from typing import Any, Callable
 from ..tokenizer import ENDOFTEXT, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer, _byte_level_bytes
 
 KIND_KEY = "tinygpt.tokenizer.kind"
+EXTRA_ROWS_KEY = "tinygpt.extra_rows"
+NEVER_MERGED = "ÿ ÿ"  # the byte 0xFF twice: no UTF-8 text holds that byte
 PRE_TOKENIZER = "gpt-2"
 GPT2_EOT = 50256
 # gguf.TokenType values (llama.cpp's llama_token_type): written as plain ints so this module needs no gguf import.
@@ -62,7 +72,8 @@ def _bpe_merges(tokenizer: Any) -> list[str]:
 
 def tokenizer_metadata(tokenizer: Tokenizer, n_vocab: int) -> dict[str, Any]:
     """The ``tokenizer.ggml.*`` fields of ``tokenizer`` for a model of ``n_vocab`` rows, as plain Python values:
-    ``model``, ``pre``, ``tokens``, ``token_type``, ``merges``, ``bos_token_id``, ``eos_token_id`` (or None)."""
+    ``model``, ``pre``, ``tokens``, ``token_type``, ``merges``, ``bos_token_id``, ``eos_token_id`` (or None), and
+    ``extra_rows``: how many tokens follow the model's rows (a character vocabulary's, see the module docstring)."""
     if tokenizer.vocab_size > n_vocab:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {n_vocab} rows")
     eos: int | None = tokenizer.eot_id
@@ -86,14 +97,24 @@ def tokenizer_metadata(tokenizer: Tokenizer, n_vocab: int) -> dict[str, Any]:
             for end in range(2, len(token) + 1):
                 merges.append(f"{token[:end - 1]} {token[end - 1]}")
         merges = list(dict.fromkeys(merges))  # two characters may share a lead-byte prefix
-        eos = tokenizer.chars.index("\n") if "\n" in tokenizer.chars else None
+        if not merges:  # llama.cpp refuses a BPE vocabulary without merges: one that valid UTF-8 never meets
+            merges = [NEVER_MERGED]
     else:
         raise ValueError(f"a {tokenizer.kind!r} tokenizer has no GGUF form (gpt2, bpe and char do)")
     types = [CONTROL if tokenizer.kind != "char" and i == tokenizer.eot_id else NORMAL for i in range(len(tokens))]
+    extra: list[str] = []
+    if tokenizer.kind == "char":
+        eos = n_vocab
+        known = set(tokens)  # the two sides of every merge, as tokenizers' BPE wants them in the vocabulary
+        parts = (part for merge in merges for part in merge.split(" "))
+        pieces = [part for part in dict.fromkeys(parts) if part not in known]
+        extra = [ENDOFTEXT] + pieces + (["".join(NEVER_MERGED.split(" "))] if merges == [NEVER_MERGED] else [])
     tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
     types += [UNUSED] * (n_vocab - len(types))
+    tokens += extra
+    types += ([CONTROL] + [UNUSED] * (len(extra) - 1)) if extra else []
     return {"model": "gpt2", "pre": PRE_TOKENIZER, "tokens": tokens, "token_type": types, "merges": merges,
-            "bos_token_id": eos, "eos_token_id": eos, "kind": tokenizer.kind}
+            "bos_token_id": eos, "eos_token_id": eos, "kind": tokenizer.kind, "extra_rows": len(extra)}
 
 
 def tokenizer_from_metadata(fields: dict[str, Any], directory: Path, warn: Callable[[str], None]
@@ -116,9 +137,9 @@ def tokenizer_from_metadata(fields: dict[str, Any], directory: Path, warn: Calla
     if kind is None:  # not written by tinygpt: GPT-2's own vocabulary, else a byte-level BPE
         is_gpt2 = len(used) == GPT2_EOT + 1 and used[GPT2_EOT] == ENDOFTEXT and len(merges) == 50000
         kind = "gpt2" if is_gpt2 and fields.get("tokenizer.ggml.pre", PRE_TOKENIZER) == PRE_TOKENIZER else "bpe"
-    if kind == "char":
+    if kind == "char":  # the characters are the normal tokens (not the end of text, prefixes or padding)
         chars = []
-        for token in used:
+        for token in [t for t, kind in zip(tokens, types) if kind == NORMAL]:
             text = _from_byte_level(token).decode("utf-8", errors="strict")
             if len(text) != 1:
                 raise ValueError(f"the GGUF's character vocabulary holds {token!r}, which is not one character")

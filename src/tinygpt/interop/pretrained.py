@@ -39,6 +39,7 @@ def load_pretrained(
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
     base: str | Path | None = None,
+    weights: str = "float32",
 ) -> tuple[GPTModel, Tokenizer | None]:
     """(model, tokenizer or None) from a tinygpt checkpoint directory, an HF GPT-2 folder, a hub name, a ``.gguf``
     file, or a LoRA adapter folder (its base -- ``base``, else the one it names -- with the adapter merged in:
@@ -46,9 +47,18 @@ def load_pretrained(
 
     ``quantize`` (``"nf4"``, ``"nf4-dq"``; QLoRA's frozen base): the block linears in NF4. A checkpoint or a Hugging
     Face folder is quantised tensor by tensor as it is read, so the float base is never whole in memory; a GGUF
-    file or an adapter folder is built in float first, then quantised."""
+    file or an adapter folder is built in float first, then quantised.
+
+    ``weights`` (``fast.weights.WEIGHT_TYPES``): the block linears and the head in bfloat16 or int8 for inference. A
+    GGUF file is read straight into them (``interop.gguf_weights``: no float32 copy of those weights); anything
+    else is loaded, then converted (``convert_weights``)."""
     from .peft import is_adapter
 
+    from ..fast.weights import check_weight_type, convert_weights
+
+    check_weight_type(weights)
+    if weights != "float32" and (quantize is not None or dtype is not None):
+        raise ValueError(f"weights={weights!r} takes neither quantize nor dtype: the weight type is the linears' dtype")
     tokenizer: Tokenizer | None = None
     if quantize is not None:
         from ..quantize import check_quantize
@@ -58,14 +68,18 @@ def load_pretrained(
         from ..lora import merged_model
 
         model, tokenizer = load_adapted(source, base=base, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
-        return _quantized(merged_model(model), quantize), tokenizer
+        model = _quantized(merged_model(model), quantize)
+        convert_weights(model, weights)
+        return model, tokenizer
     if base is not None:
         raise ValueError(f"--base {base} applies to a LoRA adapter folder only, and {source} is not one "
                          f"(no adapter_config.json)")
     if Path(source).is_file() and Path(source).suffix.lower() == ".gguf":
         from .gguf import load_gguf
 
-        model, tokenizer, _ = load_gguf(source, dtype=dtype)
+        # read straight into the small type on a CPU (oneDNN's packed bf16 stays there); elsewhere converted below
+        direct = weights if torch.device(device).type == "cpu" else "float32"
+        model, tokenizer, _ = load_gguf(source, dtype=dtype, weights=direct)
         model = _quantized(model.to(device), quantize)
     elif Path(source).is_dir() and is_tinygpt_checkpoint(source):
         model = load_model(source, device=device, dtype=dtype, quantize=quantize)
@@ -76,6 +90,8 @@ def load_pretrained(
         model = import_hf(directory, device=device, dtype=dtype, quantize=quantize)
         if tokenizer_dir is None and has_tokenizer_files(directory):
             tokenizer = tokenizer_from_dir(directory)
+    if getattr(model, "weight_type", "float32") != weights:
+        convert_weights(model, weights)
     if tokenizer_dir is not None:
         tokenizer = tokenizer_from_dir(tokenizer_dir)
     if tokenizer is None and model.config.vocab_size == GPT2_VOCAB_SIZE:

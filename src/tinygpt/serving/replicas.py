@@ -56,15 +56,15 @@ class TinyGPTReplica:
         import torch
 
         from ..devices import resolve_device
-        from ..fast.weights import convert_weights
         from ..interop.pretrained import load_pretrained
         from .app import create_app
 
         torch.set_num_threads(torch_threads)  # a replica per core: threads beyond that fight the other replicas
-        loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=resolve_device(device))
+        # --weights: the linears in float32, bf16 or int8 (fast.weights; a GGUF file's read straight into them)
+        loaded, tokenizer = load_pretrained(model, tokenizer_dir=tokenizer_dir, device=resolve_device(device),
+                                            weights=weights)
         if tokenizer is None:
             raise ValueError(f"{model} has no tokenizer: pass tokenizer_dir (--tokenizer-dir)")
-        convert_weights(loaded, weights)  # --weights: the linears in float32, bf16 or int8 (fast.weights)
         self._app = create_app(loaded, tokenizer, ServeOptions(**options), dtype=dtype)
         self._app.add_middleware(_ReplicaHeader, value=f"{os.getpid()}@{socket.gethostname()}")
 
