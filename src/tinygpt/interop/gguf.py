@@ -373,7 +373,7 @@ def model_from_gguf(contents: GGUFContents, *, dtype: torch.dtype | None = None,
 
         if dtype is not None:
             raise ValueError(f"dtype={dtype} and weights={weights!r}: the small weight types take no dtype")
-        return small_model_from_gguf(contents, config, weights)
+        return small_model_from_gguf(contents, config, weights, _tinygpt_state)
     tensors = {name: torch.from_numpy(read()) for name, read in contents.readers.items()}
     state = _tinygpt_state(drop_extra_rows(tensors, config.vocab_size), config, contents.path)
     return model_from_state_dict(config, state, source=contents.path, dtype=dtype)

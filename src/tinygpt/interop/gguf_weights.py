@@ -22,7 +22,7 @@ row permutation and the concatenations of ``_tinygpt_state`` give the same bytes
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -108,12 +108,13 @@ def is_linear_weight(name: str) -> bool:
     return name == "output.weight" or (name.startswith("blk.") and name.endswith(_LINEAR_SUFFIXES))
 
 
-def small_model_from_gguf(contents: Any, config: Any, weight_type: str) -> Any:
+def small_model_from_gguf(contents: Any, config: Any, weight_type: str,
+                          to_state: Callable[[dict[str, torch.Tensor], Any, Any], dict[str, torch.Tensor]]) -> Any:
     """The ``GPTModel`` of a parsed, checked GGUF (``gguf.model_from_gguf``) with its block linears and head in
-    ``weight_type`` (bfloat16 or int8), read as the module docstring says."""
+    ``weight_type`` (bfloat16 or int8), read as the module docstring says. ``to_state``: GGUF tensor names ->
+    the model's state dict (``gguf.model_from_gguf`` passes its own, so that this module never imports it back)."""
     from ..model import GPTModel
     from ..quantize import block_linears, replace_linear
-    from .gguf import _tinygpt_state
 
     check_weight_type(weight_type)
     if weight_type == "float32":
@@ -142,9 +143,9 @@ def small_model_from_gguf(contents: Any, config: Any, weight_type: str) -> Any:
         os.close(fd)
     # The same renaming, permutation and concatenation as the float32 load, once on the stored weights and (int8)
     # once on their per-row scales, which follow the rows.
-    state = _tinygpt_state(stored, config, contents.path)
+    state = to_state(stored, config, contents.path)
     if weight_type == "int8":
-        scales = _tinygpt_state(scales, config, contents.path)
+        scales = to_state(scales, config, contents.path)
     state.pop("out_head.weight", None)  # a placeholder: the head is built
     with torch.device("meta"):
         model = GPTModel(config)
