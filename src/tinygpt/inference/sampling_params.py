@@ -55,7 +55,7 @@ class GenerationConfig:
     (greedy: the same tokens; sampled: the same distribution; fewer forwards when the drafts are right): drafts by
     prompt lookup (the text's own n-grams), or by the ``draft_model`` given to ``generate`` / ``stream``.
     ``compile``: run the decode steps through ``torch.compile`` (``inference.runner``; a start-up cost of seconds
-    for a lower cost per step, which pays on small models at batch 1: docs/performance.md).
+    for a lower cost per step, which pays on small models: docs/performance.md).
     """
 
     max_new_tokens: int = 64
