@@ -8,6 +8,9 @@
     python -m benchmarks.ab trained [--repeats 7] [--products 1024x768x2304,768x128x512]
     python -m benchmarks.ab train-gpt2 [--repeats 3] [--layers 4] [--shapes 2x512]
     python -m benchmarks.ab refactor --before DIR [--after DIR] [--rounds 5] [--repeats 5] [--quick]
+    python -m benchmarks.ab inference [--repeats 7] [--products 1x128x512,16x128x512,...] [--threads 1]
+    python -m benchmarks.ab decode [--repeats 7] [--models char,gpt2-small] [--weights float32,bfloat16]
+                                   [--rows 1,16] [--new-tokens 64] [--threads 1] [--compile] [--quick]
 
 Each experiment swaps one piece of tinygpt back to what it was before the edit (A) and times the gpt2-small
 forward, full logits, float32, inference mode, against the current code (B), interleaved A B A B after a warm-up,
@@ -29,12 +32,21 @@ backward, step) at gpt2-small's shapes (D = 768, 12 heads, V = 50257, biased QKV
 blocks, B x T tokens from ``--shapes``): A with the trained-weight route switched off (``disabled("train")``: the code
 before it), B as it is now, and Hugging Face's ``GPT2LMHeadModel`` from the same weights, interleaved.
 ``refactor`` is different: it times two checkouts against each other in child processes (``benchmarks.ab_refactor``).
+``inference`` times one inference product per shape ROWSxINxOUT (no autograd), ``F.linear`` (BLAS) against
+oneDNN's kernel, with the kernel the rule (``fast.onednn.INFERENCE_MIN_WEIGHT``) picks.
+``decode`` times the lean decode step (``tinygpt.generate``, greedy, a 16-token prompt and ``--new-tokens`` new
+tokens per row, ``--threads`` torch threads) on the default ``tinygpt train`` model's shapes ("char": V = 65,
+C = 128, D = 128, 4 heads, 4 layers) and gpt2-small's, per weight type (``fast.weights``) and row count: A is the
+step before it (every inference product on oneDNN, ``fast.onednn.INFERENCE_MIN_WEIGHT = 0``, and each greedy row
+drawn and read back alone), B as it is now, C (``--compile``) B with ``GenerationConfig(compile=True)``, its first
+call (the compile) timed apart; the tokens of every variant are compared with A's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -42,7 +54,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from tinygpt import GPTModel, fast, generate
+from tinygpt import GPTConfig, GPTModel, fast, generate
 from tinygpt.layers import LayerNorm, layer_norm_formula
 
 from . import ab_refactor
@@ -156,6 +168,46 @@ def parse_products(text: str) -> list[tuple[int, int, int]]:
     return products  # type: ignore[return-value]
 
 
+# The default ``tinygpt train`` model's weights (128 x 384 .. 512 x 128, its 65-wide head), a middle size, then
+# gpt2-small's, at 1, 16 and 128 rows
+INFERENCE_PRODUCTS = ",".join(f"{rows}x{shape}" for shape in ("128x384", "128x512", "512x128", "128x65", "256x1024",
+                                                              "768x768", "768x2304", "768x3072", "3072x768")
+                              for rows in (1, 16, 128))
+
+
+def run_inference_products(repeats: int, products: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """One inference product per shape: F.linear (A) against oneDNN (B), and which one the rule takes."""
+    from tinygpt.fast import onednn
+
+    if not onednn.available():
+        raise SystemExit("this torch has no oneDNN linear kernel: nothing to compare")
+    rows = []
+    for n, d_in, d_out in products:
+        generator = torch.Generator().manual_seed(6)
+        x, weight = torch.randn(n, d_in, generator=generator), torch.randn(d_out, d_in, generator=generator)
+        bias = torch.randn(d_out, generator=generator)
+        calls = max(1, int(2e7 // (n * d_in * d_out)))  # about 20 M multiply-adds per timed call
+
+        def timed(product: Callable[..., torch.Tensor]) -> Callable[[], None]:
+            def call() -> None:
+                for _ in range(calls):
+                    product(x, weight, bias)
+
+            return call
+
+        with torch.inference_mode():
+            diff = float((F.linear(x, weight, bias) - onednn.onednn_linear(x, weight, bias)).abs().max())
+            stats = time_interleaved({"A (F.linear)": timed(F.linear), "B (oneDNN)": timed(onednn.onednn_linear)},
+                                     warmup=1, repeats=repeats)
+        taken = weight.numel() >= onednn.INFERENCE_MIN_WEIGHT
+        for name, st in stats.items():
+            rows.append({"case": f"{n}x{d_in}x{d_out}", "variant": name, **st,
+                         "time_ms": f"{st['median_s'] / calls * 1e6:.1f} us", "speedup":
+                         stats["A (F.linear)"]["median_s"] / st["median_s"], "max_abs_diff": f"{diff:.1e}",
+                         "rule": "oneDNN" if taken else "F.linear"})
+    return {"experiment": "inference", "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
+
+
 def run_trained(repeats: int, products: list[tuple[int, int, int]]) -> dict[str, Any]:
     """Forward + backward of one trained linear, F.linear's autograd (A) against ``_TrainedLinear`` on oneDNN (B)."""
     from tinygpt.fast import onednn
@@ -225,6 +277,70 @@ def run_train_gpt2(repeats: int, layers: int, shape: tuple[int, int]) -> dict[st
     return {"experiment": "train-gpt2", "repeats": repeats, "rows": rows}
 
 
+# The default ``tinygpt train`` model (training.options.DEFAULT_MODEL) on tinyshakespeare's 65 characters
+CHAR_MODEL = GPTConfig(vocab_size=65, context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0)
+
+
+@contextlib.contextmanager
+def _decode_before() -> Iterator[None]:
+    """A: the decode step before the lean one: oneDNN for every inference product, greedy rows drawn one by one."""
+    from tinygpt.fast import onednn
+    from tinygpt.inference import engine
+
+    saved = onednn.INFERENCE_MIN_WEIGHT, engine._draws_greedy
+    onednn.INFERENCE_MIN_WEIGHT, engine._draws_greedy = 0, lambda row, n: False
+    try:
+        yield
+    finally:
+        onednn.INFERENCE_MIN_WEIGHT, engine._draws_greedy = saved
+
+
+def run_decode(repeats: int, models: Sequence[str], weights: Sequence[str], row_counts: Sequence[int], new: int,
+               *, compile: bool = False, quick: bool = False) -> dict[str, Any]:
+    """Greedy decode tok/s, A (before the lean step) against B (now) and C (B compiled), per model/weights/rows."""
+    import time
+
+    from tinygpt.fast.weights import convert_weights
+
+    configs = {"char": CHAR_MODEL, "gpt2-small": gpt2_small()}
+    rows = []
+    for name in models:
+        config = configs[name] if not quick else CHAR_MODEL.replace(n_layers=1, emb_dim=32)
+        for weight_type in weights:
+            model = build_tinygpt(config)
+            convert_weights(model, weight_type)
+            for count in row_counts:
+                generator = torch.Generator().manual_seed(5)
+                prompts = torch.randint(0, config.vocab_size, (count, 16), generator=generator).tolist()
+                steps = min(new, config.context_length - 16)
+                outputs: dict[str, torch.Tensor] = {}
+
+                def decode(variant: str, swap: Callable[[], contextlib.AbstractContextManager],
+                           compiled: bool = False) -> Callable[[], None]:
+                    def call() -> None:
+                        with swap():
+                            outputs[variant] = generate(model, prompts, max_new_tokens=steps, compile=compiled).tokens
+
+                    return call
+
+                variants = {"A (before)": decode("A", _decode_before), "B (lean step)": decode("B", contextlib.nullcontext)}
+                start_up = None
+                if compile:
+                    variants["C (lean + compile)"] = decode("C", contextlib.nullcontext, compiled=True)
+                    start = time.perf_counter()
+                    variants["C (lean + compile)"]()
+                    start_up = time.perf_counter() - start
+                stats = time_interleaved(variants, warmup=1, repeats=repeats)
+                for variant, st in stats.items():
+                    same = torch.equal(outputs[variant[0]], outputs["A"])
+                    rows.append({"case": f"{name} {weight_type} {count}x16+{steps}", "variant": variant, **st,
+                                 "time_ms": spread(st), "rate": f"{count * steps / st['median_s']:.0f} tok/s",
+                                 "speedup": stats["A (before)"]["median_s"] / st["median_s"],
+                                 "max_abs_diff": "tokens equal" if same else "DIFFER",
+                                 "start_up_s": f"{start_up:.1f}" if variant.startswith("C") else ""})
+    return {"experiment": "decode", "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows}
+
+
 def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[str, Any]:
     config = gpt2_small()
     model = build_tinygpt(config)
@@ -249,18 +365,25 @@ def run(experiment: str, shapes: list[tuple[int, int]], repeats: int) -> dict[st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
     parser.add_argument("experiment", choices=["layernorm", "head", "onednn", "linear", "train", "trained",
-                                                         "train-gpt2", "refactor"])
+                                                         "train-gpt2", "refactor", "decode", "inference"])
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated BxT (default: 1x128,1x1024,8x256; train-gpt2: 2x512)")
     parser.add_argument("--layers", type=int, default=4, help="train-gpt2: gpt2-small blocks (default: 4)")
-    parser.add_argument("--products", type=parse_products, default=parse_products(TRAINED_PRODUCTS),
-                        help="trained: comma-separated ROWSxINxOUT (default: gpt2-small's and shakespeare-char's)")
+    parser.add_argument("--products", type=parse_products, default=None,
+                        help="trained, inference: comma-separated ROWSxINxOUT (default: gpt2-small's and the small "
+                             "models')")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; refactor: 5 per child)")
     parser.add_argument("--before", metavar="DIR", help="refactor: the checkout before the change")
     parser.add_argument("--after", metavar="DIR", default=str(Path(__file__).resolve().parents[1]),
                         help="refactor: the checkout after it (default: this one)")
     parser.add_argument("--rounds", type=int, default=5, help="refactor: child processes per checkout")
-    parser.add_argument("--quick", action="store_true", help="refactor: tiny models, to check the script works")
+    parser.add_argument("--quick", action="store_true", help="refactor, decode: tiny models, to check the script works")
+    parser.add_argument("--models", default="char,gpt2-small", help="decode: char and/or gpt2-small")
+    parser.add_argument("--weights", default="float32,bfloat16", help="decode: weight types (fast.weights)")
+    parser.add_argument("--rows", default="1,16", help="decode: rows decoded at once, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=64, help="decode: new tokens per row")
+    parser.add_argument("--threads", type=int, default=1, help="decode, inference: torch threads")
+    parser.add_argument("--compile", action="store_true", help="decode: also time C, the lean step compiled")
     parser.add_argument("--json", metavar="PATH", help="refactor: write the result here")
     args = parser.parse_args(argv)
     shapes = args.shapes
@@ -271,9 +394,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.before, args.after, shapes or parse_shapes("1x128,1x1024,8x256"), rounds=args.rounds, repeats=args.repeats or 5, quick=args.quick),
             ab_refactor.table, args.json, failed=lambda result: not all(r["identical"] for r in result["rows"]))
     args.repeats = args.repeats or 7
+    if args.experiment == "decode":
+        torch.set_num_threads(args.threads)
+        models, weights = args.models.split(","), args.weights.split(",")
+        bad = [m for m in models if m not in ("char", "gpt2-small")]
+        if bad:
+            parser.error(f"--models: {bad[0]!r} is not one of char, gpt2-small")
+        try:
+            row_counts = [int(n) for n in args.rows.split(",")]
+        except ValueError:
+            row_counts = [0]
+        if min(row_counts) < 1:
+            parser.error(f"--rows {args.rows!r}: expected comma-separated integers >= 1")
+        result = run_decode(args.repeats, models, weights, row_counts, args.new_tokens, compile=args.compile,
+                            quick=args.quick)
+        print(f"{result['threads']} thread(s), {args.repeats} interleaved rounds; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(format_table(result["rows"], [("case", "case"), ("variant", "variant"), ("time_ms", "ms median [min-max]"),
+                                            ("rate", "rate"), ("speedup", "speedup vs A"), ("max_abs_diff", "tokens"),
+                                            ("start_up_s", "compile s")]))
+        return 0
     pin_threads()
+    if args.experiment == "inference":
+        torch.set_num_threads(args.threads)
+        result = run_inference_products(args.repeats, args.products or parse_products(INFERENCE_PRODUCTS))
+        print(f"{result['threads']} thread(s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(format_table(result["rows"], [("case", "rows x in x out"), ("variant", "variant"),
+                                            ("time_ms", "per product (median)"), ("speedup", "speedup vs A"),
+                                            ("max_abs_diff", "|A-B|"), ("rule", "the rule takes")]))
+        return 0
     if args.experiment == "trained":
-        result = run_trained(args.repeats, args.products)
+        result = run_trained(args.repeats, args.products or parse_products(TRAINED_PRODUCTS))
         print(format_table(result["rows"], [("case", "rows x in x out"), ("variant", "variant"),
                                             ("time_ms", "ms median [min-max]"), ("speedup", "speedup vs A"),
                                             ("min_speedup", "speedup of the minima"), ("max_abs_diff", "|A-B|"),

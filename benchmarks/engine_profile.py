@@ -1,6 +1,7 @@
 """Where the inference engine's time goes under the throughput workload: the bound on its tokens per second.
 
     python -m benchmarks.engine_profile [--rows 16,64] [--requests 3] [--new-tokens 64] [--quick] [--json F]
+                                        [--model gpt2-small|char] [--before]
 
 In process, no server: ``rows`` rows decode at once (as ``rows`` streaming clients keep the server's batch full),
 each of ``requests`` greedy requests per row with ``new-tokens`` new tokens after a prompt of 16-64 random tokens
@@ -9,12 +10,16 @@ per row count: tokens/s, the share of the wall time inside the model's forward (
 Python: scheduling, packing, sampling), the forward's self CPU time by operator group (``torch.profiler``; the
 cache's gathers and writes a group of their own), and the linear layers' rate in GFLOP/s against the machine's
 float32 matmul ceiling (``common.matmul_ceiling``). When the forward is nearly all the wall time and the linears
-nearly all the forward, tokens/s is bounded by the matmul rate, and no scheduling can raise it.
+nearly all the forward, tokens/s is bounded by the matmul rate, and no scheduling can raise it. ``--model char``
+profiles the default ``tinygpt train`` model's shapes instead (``benchmarks.ab.CHAR_MODEL``), where the fixed
+cost of a step is all there is; ``--before`` runs the decode step as it was before the lean step
+(``benchmarks.ab._decode_before``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import time
@@ -84,18 +89,22 @@ def run_rows(model: GPTModel, rows: int, requests: int, new_tokens: int, seed: i
             **shares}
 
 
-def run(rows: list[int], requests: int, new_tokens: int, quick: bool) -> dict[str, Any]:
+def run(rows: list[int], requests: int, new_tokens: int, quick: bool, model_name: str = "gpt2-small",
+        before: bool = False) -> dict[str, Any]:
     for name, value in (("requests", requests), ("new_tokens", new_tokens)):
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1")
     torch.manual_seed(0)
-    model = GPTModel(quick_config() if quick else gpt2_small()).eval()
-    warm = run_rows(model, min(rows), 1, 4, seed=99)  # the first calls of a process plan kernels per shape
-    del warm
-    ceiling = matmul_ceiling(256 if quick else 1024, repeats=3)
-    return {"threads": torch.get_num_threads(), "requests": requests, "new_tokens": new_tokens,
-            "matmul_ceiling_gflops": ceiling["gflops_median"],
-            "runs": [run_rows(model, r, requests, new_tokens) for r in rows]}
+    from .ab import CHAR_MODEL, _decode_before
+
+    model = GPTModel(quick_config() if quick else CHAR_MODEL if model_name == "char" else gpt2_small()).eval()
+    with _decode_before() if before else contextlib.nullcontext():
+        warm = run_rows(model, min(rows), 1, 4, seed=99)  # the first calls of a process plan kernels per shape
+        del warm
+        ceiling = matmul_ceiling(256 if quick else 1024, repeats=3)
+        runs = [run_rows(model, r, requests, new_tokens) for r in rows]
+    return {"threads": torch.get_num_threads(), "requests": requests, "new_tokens": new_tokens, "model": model_name,
+            "before": before, "matmul_ceiling_gflops": ceiling["gflops_median"], "runs": runs}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -108,7 +117,8 @@ def table(result: dict[str, Any]) -> str:
                "% of matmul ceiling": None if r["linear_gflops"] is None else 100 * r["linear_gflops"] / ceiling}
         out.append(row)
     columns = [(k, k) for k in out[0]]
-    lines = [f"torch {torch.__version__}, {result['threads']} threads, {result['requests']} requests per row, "
+    lines = [f"{result.get('model', 'gpt2-small')}{' (before the lean step)' if result.get('before') else ''}, "
+             f"torch {torch.__version__}, {result['threads']} threads, {result['requests']} requests per row, "
              f"{result['new_tokens']} new tokens; matmul ceiling {ceiling:.1f} GFLOP/s (operator groups: share "
              f"of the forward's self CPU time)"]
     # one row per row count, transposed: the groups are many
@@ -127,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     parser.add_argument("--quick", action="store_true", help="tiny model: checks that the script works")
     parser.add_argument("--json", type=Path, help="also write the result here (atomically)")
+    parser.add_argument("--model", choices=["gpt2-small", "char"], default="gpt2-small",
+                        help="the shapes: gpt2-small, or the default tinygpt train model's (char)")
+    parser.add_argument("--before", action="store_true", help="the decode step before the lean step")
     args = parser.parse_args(argv)
     try:
         rows = [int(x) for x in (args.rows or ("2" if args.quick else "16,64")).split(",")]
@@ -137,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = args.requests or (1 if args.quick else 3)
     new_tokens = args.new_tokens or (4 if args.quick else 64)
     torch.set_num_threads(args.threads) if args.threads else pin_threads()
-    return run_and_report(parser, lambda: run(rows, requests, new_tokens, args.quick), table, args.json)
+    return run_and_report(parser, lambda: run(rows, requests, new_tokens, args.quick, args.model, args.before), table,
+                          args.json)
 
 
 if __name__ == "__main__":

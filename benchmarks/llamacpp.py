@@ -9,7 +9,7 @@ source (about 6 minutes on a quiet 2-core machine, 25 or more on a busy one):
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
     cmake --build build -j2 --target llama-bench llama-server
 
-    python -m benchmarks.llamacpp --llama-bin llama.cpp/build/bin --threads 1
+    python -m benchmarks.llamacpp --llama-bin llama.cpp/build/bin --threads 1 [--compile]
 
 Each GGUF type is paired with the tinygpt weight type that stores the same bytes per weight or close: f32 with
 float32, f16 with bfloat16 (two bytes), q8_0 with int8 (one byte and a scale: per 32 values in q8_0, per output
@@ -17,7 +17,9 @@ channel in tinygpt). tinygpt loads the model it exported (float32) and converts 
 llama.cpp's figures come from ``llama-bench`` (tg = decode, pp = prompt), tinygpt's from the same measurement
 in-process (``generate`` at batch 1 for decode, one forward over the prompt); the two alternate per round.
 Greedy agreement: each prompt's greedy tokens from ``llama-server`` (/completion with token ids, temperature 0)
-against tinygpt's with the same type, as the share of tokens equal before the first difference.
+against tinygpt's with the same type, as the share of tokens equal before the first difference. tinygpt decodes
+with the engine's lean step; ``--compile`` adds a second tinygpt decode column with the step compiled
+(``GenerationConfig(compile=True)``; the compile itself happens in the warm-up, outside the timings).
 """
 
 from __future__ import annotations
@@ -78,12 +80,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, *, threads: int, context: int = 1024) -> Iterator[str]:
-    """A llama-server on ``gguf`` (127.0.0.1, a free port), its base URL while the block runs; stopped after."""
+def llama_server(binary: Path, gguf: Path, *, threads: int, context: int = 1024, parallel: int = 1) -> Iterator[str]:
+    """A llama-server on ``gguf`` (127.0.0.1, a free port), its base URL while the block runs; stopped after.
+    ``parallel`` slots (continuous batching), ``context`` tokens each."""
     port = _free_port()
-    server = subprocess.Popen([str(binary / "llama-server"), "-m", str(gguf), "-t", str(threads), "--host",
-                               "127.0.0.1", "--port", str(port), "-c", str(context), "-np", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(gguf.with_suffix(".llama-server.log"), "w")  # beside the file: read it when a request fails
+    server = subprocess.Popen([str(binary / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+                               "--host", "127.0.0.1", "--port", str(port), "-c", str(context * parallel), "-np",
+                               str(parallel)],
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -99,6 +104,7 @@ def llama_server(binary: Path, gguf: Path, *, threads: int, context: int = 1024)
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.close()
 
 
 def completion(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +123,67 @@ def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, 
                 for prompt in prompts]
 
 
+def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path, kind: str, *, threads: int,
+                 clients: list[int], decode: int, repeats: int) -> list[dict[str, Any]]:
+    """``tinygpt serve --weights PAIRS[kind]`` against ``llama-server`` on the ``kind`` file, both with ``threads``
+    threads and a slot per client: at each client count, every client streams 2 greedy completions of ``decode``
+    tokens (prompts of 16-48 tokens), the two servers alternating per round; tok/s over the phase, TTFT p50."""
+    import asyncio
+    import os
+    import statistics
+    import sys
+
+    from benchmarks.serve import make_prompts, phase_row
+    from benchmarks.serve_driver import ServerProcess, free_port, load
+    from tinygpt.checkpoint import save_model
+
+    most = max(clients)
+    folder = gguf.parent / f"tinygpt-{kind}"
+    save_model(model, folder, tokenizer=tokenizer)
+    texts = make_prompts(tokenizer, 2 * most * repeats * len(clients) + 8, 16, 48)
+    port = free_port()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the tinygpt server's threads (read at its start)
+    ours = ServerProcess("tinygpt serve", [sys.executable, "-m", "tinygpt", "serve", "--model", str(folder),
+                                           "--port", str(port), "--model-name", "bench", "--max-batch", str(most),
+                                           "--weights", PAIRS[kind], "--log-level", "warning"], port, gguf.parent)
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    offset = 0
+
+    def bodies(count: int) -> list[list[dict[str, Any]]]:
+        nonlocal offset
+        out = [[{"model": "bench", "prompt": texts[(offset + 2 * c + r) % len(texts)], "max_tokens": decode,
+                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}} for r in range(2)]
+               for c in range(count)]
+        offset += 2 * count
+        return out
+
+    try:
+        ours.wait_ready(300)
+        context = min(model.config.context_length, max(512, 64 + decode))  # a slot holds a prompt and its answer
+        with llama_server(binary, gguf, threads=threads, context=context, parallel=most) as theirs:
+            for url in (ours.url, theirs):  # warm-up
+                asyncio.run(load(url, bodies(2), seconds=300))
+            for r in range(repeats):
+                for name in (("tinygpt", "llama") if r % 2 == 0 else ("llama", "tinygpt")):
+                    for count in clients:
+                        url = ours.url if name == "tinygpt" else theirs
+                        wall, records, _ = asyncio.run(load(url, bodies(count), seconds=300))
+                        rows.setdefault((name, count), []).append(phase_row(name, count, wall, records))
+    finally:
+        ours.stop()
+    out = []
+    for count in clients:
+        mine, ref = rows[("tinygpt", count)], rows[("llama", count)]
+        med = lambda rs, key: statistics.median(x[key] for x in rs)  # noqa: E731
+        out.append({"gguf": kind, "tinygpt": PAIRS[kind], "clients": count,
+                    "llama_tok_s": med(ref, "tokens_per_s"), "tinygpt_tok_s": med(mine, "tokens_per_s"),
+                    "ratio": med(mine, "tokens_per_s") / med(ref, "tokens_per_s"),
+                    "llama_ttft_p50_ms": med(ref, "ttft_p50_ms"), "tinygpt_ttft_p50_ms": med(mine, "ttft_p50_ms")})
+    return out
+
+
 def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, prompt: int, decode: int,
-        repeats: int, types: list[str]) -> dict[str, Any]:
+        repeats: int, types: list[str], compile: bool = False, servers: list[int] | None = None) -> dict[str, Any]:
     torch.set_num_threads(threads)
     model.eval()
     v, c = model.config.vocab_size, model.config.context_length
@@ -126,7 +191,8 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, v, (8,), generator=g).tolist() for _ in range(4)]
     long_prompt = torch.randint(0, v, (1, prompt), generator=g)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    serving: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in types:
             gguf = Path(tmp) / f"model-{kind}.gguf"
@@ -135,23 +201,31 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             convert_weights(ours, PAIRS[kind])
             theirs: list[dict[str, float]] = []
             with torch.inference_mode():
-                stats = {"decode": [], "prompt": []}
+                stats: dict[str, list[float]] = {"decode": [], "prompt": [], "compiled": []}
+                timed = {"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
+                         "prompt": lambda: ours(long_prompt, last_only=True)}
+                if compile:
+                    timed["compiled"] = lambda: generate(ours, [prompts[0]], max_new_tokens=decode, compile=True)
                 for _ in range(repeats):  # alternate: llama.cpp, then tinygpt, per round
                     theirs.append(llama_bench(binary, gguf, threads=threads, prompt=prompt, decode=decode))
-                    t = time_interleaved({"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
-                                          "prompt": lambda: ours(long_prompt, last_only=True)}, warmup=1, repeats=1)
-                    stats["decode"].append(decode / t["decode"]["median_s"])
-                    stats["prompt"].append(prompt / t["prompt"]["median_s"])
+                    t = time_interleaved(timed, warmup=1, repeats=1)
+                    for name in timed:
+                        stats[name].append((prompt if name == "prompt" else decode) / t[name]["median_s"])
                 mine = generate(ours, prompts, max_new_tokens=32).rows()
             ref = llama_greedy(binary, gguf, prompts, 32, threads=threads)
+            if servers:
+                serving += serve_phases(binary, model, tokenizer, gguf, kind, threads=threads, clients=servers,
+                                        decode=decode, repeats=repeats)
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             l_dec, l_pre = med([r["decode"] for r in theirs]), med([r["prompt"] for r in theirs])
             rows.append({"gguf": kind, "tinygpt": PAIRS[kind], "llama_decode": l_dec, "tinygpt_decode":
                          med(stats["decode"]), "decode_ratio": med(stats["decode"]) / l_dec, "llama_prompt": l_pre,
                          "tinygpt_prompt": med(stats["prompt"]), "prompt_ratio": med(stats["prompt"]) / l_pre,
                          "greedy_agreement": agreement(ref, mine)})
+            if compile:
+                rows[-1].update(tinygpt_compiled=med(stats["compiled"]), compiled_ratio=med(stats["compiled"]) / l_dec)
     return {"threads": threads, "prompt": prompt, "decode": decode, "config": dataclasses.asdict(model.config),
-            "rows": rows}
+            "rows": rows, "servers": serving}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -159,8 +233,16 @@ def table(result: dict[str, Any]) -> str:
             f"tokens; ratio = tinygpt / llama.cpp")
     return head + "\n" + format_table(result["rows"], [
         ("gguf", "llama.cpp file"), ("tinygpt", "tinygpt weights"), ("llama_decode", "llama.cpp decode tok/s"),
-        ("tinygpt_decode", "tinygpt decode tok/s"), ("decode_ratio", "ratio"), ("llama_prompt", "llama.cpp pp tok/s"),
-        ("tinygpt_prompt", "tinygpt pp tok/s"), ("prompt_ratio", "ratio"), ("greedy_agreement", "greedy agree")])
+        ("tinygpt_decode", "tinygpt decode tok/s"), ("decode_ratio", "ratio"),
+        *([("tinygpt_compiled", "compiled tok/s"), ("compiled_ratio", "ratio")] if "tinygpt_compiled" in
+          (result["rows"] or [{}])[0] else []), ("llama_prompt", "llama.cpp pp tok/s"),
+        ("tinygpt_prompt", "tinygpt pp tok/s"), ("prompt_ratio", "ratio"), ("greedy_agreement", "greedy agree")]) + (
+        "\n\nservers, streaming greedy completions (2 per client), tok/s over the phase; ratio = tinygpt / llama-server\n"
+        + format_table(result["servers"], [
+            ("gguf", "llama-server file"), ("tinygpt", "tinygpt serve --weights"), ("clients", "clients"),
+            ("llama_tok_s", "llama-server tok/s"), ("tinygpt_tok_s", "tinygpt tok/s"), ("ratio", "ratio"),
+            ("llama_ttft_p50_ms", "llama TTFT p50 ms"), ("tinygpt_ttft_p50_ms", "tinygpt TTFT p50 ms")])
+        if result.get("servers") else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also time tinygpt's decode step compiled")
+    parser.add_argument("--servers", metavar="CLIENTS", default="",
+                        help="also run tinygpt serve against llama-server at these client counts, e.g. 1,16")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
 
@@ -192,8 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             torch.manual_seed(0)
             model = GPTModel(SHAPES[args.shape])
-        return run(binary, model, tokenizer_for(model, args.model), threads=args.threads, prompt=args.prompt, decode=args.decode,
-                   repeats=args.repeats, types=types)
+        try:
+            servers = [int(x) for x in args.servers.split(",") if x]
+        except ValueError:
+            raise ValueError(f"--servers {args.servers}: client counts, comma-separated, e.g. 1,16") from None
+        if any(n < 1 for n in servers):
+            raise ValueError(f"--servers {args.servers}: each client count must be >= 1")
+        return run(binary, model, tokenizer_for(model, args.model), threads=args.threads, prompt=args.prompt,
+                   decode=args.decode, repeats=args.repeats, types=types, compile=args.compile, servers=servers)
 
     return run_and_report(parser, compute, table, args.json)
 

@@ -38,3 +38,15 @@ def test_trained_case_times_both_routes_and_compares_their_gradients():
     assert float(result["rows"][0]["max_abs_diff"].split()[-1]) < 1e-4
     with pytest.raises(Exception, match="ROWSxINxOUT"):
         parse_products("8x16")
+
+
+def test_decode_case_times_the_step_before_and_after_with_the_same_tokens():
+    from benchmarks.ab import run_decode
+    from tinygpt.fast import onednn
+    from tinygpt.inference import engine
+
+    rule, draws = onednn.INFERENCE_MIN_WEIGHT, engine._draws_greedy
+    result = run_decode(1, ["char"], ["float32", "bfloat16"], [1, 2], 4, quick=True)
+    assert [r["variant"] for r in result["rows"]] == ["A (before)", "B (lean step)"] * 4
+    assert all(r["max_abs_diff"] == "tokens equal" and r["speedup"] > 0 for r in result["rows"])
+    assert (onednn.INFERENCE_MIN_WEIGHT, engine._draws_greedy) == (rule, draws)  # A's swap is undone

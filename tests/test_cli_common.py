@@ -165,10 +165,10 @@ def test_every_generation_setting_is_a_flag(command):
     assert set(settable) <= dests
     args = parser.parse_args(["--model", "m", *(["--prompt", "x"] if command == "generate" else []),
                               "--temperature", "0.5", "--top-p", "0.9", "--overflow", "shift", "--shift-keep", "3",
-                              "--no-cache"])
+                              "--no-cache", "--compile"])
     config = sampling_config(args, command)
-    assert (config.temperature, config.top_p, config.overflow, config.shift_keep, config.use_cache) == (
-        0.5, 0.9, "shift", 3, False)
+    assert (config.temperature, config.top_p, config.overflow, config.shift_keep, config.use_cache, config.compile) == (
+        0.5, 0.9, "shift", 3, False, True)
     assert config.seed == 1337 and config.repetition_penalty == 1.0
 
 

@@ -54,6 +54,7 @@ def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch)
         return torch.nn.functional.linear(x, weight, bias)
 
     monkeypatch.setattr(onednn, "KERNEL", spy)
+    monkeypatch.setattr(onednn, "INFERENCE_MIN_WEIGHT", 0)  # the size rule has its own test
     module = Linear(16, 30)
     with torch.no_grad():
         module(torch.randn(1, 1, 16))
@@ -242,3 +243,25 @@ def test_a_model_trained_on_the_route_gets_the_plain_gradients(monkeypatch):
     assert got.keys() == want.keys()
     for name in got:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_inference_takes_onednn_only_from_the_weight_size_rule(monkeypatch):
+    # A oneDNN call's fixed cost loses on small weights (``INFERENCE_MIN_WEIGHT``): those run on F.linear, at every
+    # row count, and the result is F.linear's either way.
+    calls = []
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(tuple(weight.shape))
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(onednn, "KERNEL", spy)
+    monkeypatch.setattr(onednn, "INFERENCE_MIN_WEIGHT", 16 * 30)
+    small, large = Linear(16, 29), Linear(16, 30)
+    with torch.inference_mode():
+        for rows in (1, 64):
+            x = torch.randn(rows, 16)
+            assert torch.equal(small(x), torch.nn.functional.linear(x, small.weight, small.bias))
+            large(x)
+    assert calls == [(30, 16), (30, 16)]
+    with torch.inference_mode():  # the training loss's caller waives the rule
+        assert onednn.applies(torch.randn(1, 16), small.weight, min_weight=0)

@@ -220,7 +220,8 @@ def _steps(
         with torch.inference_mode():
             engine = InferenceEngine(model, max_rows=len(prompts), token_budget=cfg.token_budget,
                                      cache_tokens=len(prompts) * blocks * DEFAULT_BLOCK_SIZE,
-                                     speculative_tokens=cfg.speculative_tokens, draft_model=draft_model)
+                                     speculative_tokens=cfg.speculative_tokens, draft_model=draft_model,
+                                     compile=cfg.compile)
             rows = []
             for i, prompt in enumerate(prompts):
                 own = generator if generator is not None else cfg.row_generator(device, i)  # row i: seed + i

@@ -81,7 +81,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # [N, D], unscaled: sum over the rows
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None  # [V, D]
         rows = max(1, min(n, _CHUNK_LOGITS // max(v, 1)))
-        onednn = onednn_applies(h, weight)  # grad mode is off in here: CPU float32 takes oneDNN's product
+        # grad mode is off in here: CPU float32 takes oneDNN's product (the training loss keeps it at every size)
+        onednn = onednn_applies(h, weight, min_weight=0)
         logits_buf = None if onednn else h.new_empty(rows, v)
         prob_buf = h.new_empty(rows, v)
         total = torch.zeros((), dtype=torch.float64, device=h.device)

@@ -73,11 +73,23 @@ def _plain_cpu_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 TRAINED_MIN_MACS = 1 << 28  # rows * in * out of the forward's product (each of the three products has as many)
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether ``linear`` runs x @ weight.T + bias on oneDNN as a plain product: nothing needs a gradient, and
-    the tensors are plain CPU float32 ones under none of the modes that must see ``aten`` products."""
+# The rule for inference, from ``python -m benchmarks.ab inference`` (one product per weight shape and row count,
+# oneDNN against BLAS) on the 2-core AMD EPYC this was written on: a oneDNN call has a fixed cost of tens of
+# microseconds, so on a small model's weights (the default ``tinygpt train`` model: 128 x 512 at most) BLAS's
+# product is several times faster at 1 and 16 rows and no slower at 128, while from about gpt2-small's weights
+# oneDNN ties or wins (docs/performance.md). A rule on the weight alone (not the rows), so a weight's prompt and
+# decode products take one kernel.
+INFERENCE_MIN_WEIGHT = 1 << 19  # weight.numel() (in * out) from which inference products run on oneDNN
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+            min_weight: int | None = None) -> bool:
+    """Whether ``linear`` runs x @ weight.T + bias on oneDNN as a plain product: nothing needs a gradient, the
+    weight has at least ``min_weight`` values (default ``INFERENCE_MIN_WEIGHT``), and the tensors are plain CPU
+    float32 ones under none of the modes that must see ``aten`` products."""
     return (not (torch.is_grad_enabled()
                  and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
+            and weight.numel() >= (INFERENCE_MIN_WEIGHT if min_weight is None else min_weight)
             and _plain_cpu_float32(x, weight, bias))
 
 
@@ -150,6 +162,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight: LoRA's base) or ``trained_applies`` (training a weight, in products large enough to gain); everything
     else (small trained products, other devices and dtypes, autocast) is plain ``F.linear``.
     """
+    if weight.numel() < INFERENCE_MIN_WEIGHT and not torch.is_grad_enabled():
+        return F.linear(x, weight, bias)  # what the three rules below give here, without their checks per call
     if applies(x, weight, bias):
         return onednn_linear(x, weight, bias)
     if frozen_applies(x, weight, bias):

@@ -5,8 +5,8 @@ call to the ``drafting.Drafter`` for the running rows' drafts when speculative d
 plan), *run* (one forward; if the batched forward raises, each planned row is run alone once, so only the rows that
 fail alone fail) and *postprocess* (each row on its own: its drawn token, under its constraint's mask and followed
 by the tokens it forces, its verified drafts, its score, or its pooled hidden states; a row that raises finishes
-alone with reason "error", ``Row.error`` saying why). Finished, failed and cancelled rows give their blocks back
-before the next step.
+alone with reason "error", ``Row.error`` saying why; the plain greedy rows' tokens come from one argmax and one
+read-back for all of them). Finished, failed and cancelled rows give their blocks back before the next step.
 
 ``tinygpt.generate`` (a batch of prompts), ``serving.engine.EngineThread`` (a thread and request adapter) and the
 lm-eval class's scoring all drive this one class; none lays out a cache of its own.
@@ -59,13 +59,15 @@ class InferenceEngine:
     decoding row (``scheduler``). ``cache_tokens``: positions the cache holds in all (default ``max_rows`` x the
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
     ``draft_model`` (a small model sharing the tokenizer): rows feed up to k draft tokens with their last token and
-    keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``).
+    keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``). ``compile``: decode
+    steps run the model through ``torch.compile`` (``runner.ModelRunner``).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,
                  cache_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, prefix_reuse: bool = True,
                  speculative_tokens: int = 0, proposer: Proposer | None = None,
-                 draft_model: nn.Module | None = None, chunk_per_decode: int | None = None) -> None:
+                 draft_model: nn.Module | None = None, chunk_per_decode: int | None = None,
+                 compile: bool = False) -> None:
         for name, value in (("max_rows", max_rows), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -86,7 +88,7 @@ class InferenceEngine:
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_rows=max_rows, token_budget=token_budget,
                                    chunk_per_decode=chunk_per_decode)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, compile=compile)
         self.prefix_reuse = prefix_reuse
         if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
             raise ValueError(f"speculative_tokens={speculative_tokens!r} must be an integer >= 0")
@@ -228,6 +230,7 @@ class InferenceEngine:
         outputs = [self._fail(row, lg) for (row, _), lg in zip(plan, results) if isinstance(lg, BaseException)]
         ran = [(row, n, lg) for (row, n), lg in zip(plan, results) if not isinstance(lg, BaseException)]
         together = self._draw_shared([(row, n, lg) for row, n, lg in ran if _draws_together(row, n, plan)])
+        together.update(self._draw_greedy([(row, lg) for row, n, lg in ran if _draws_greedy(row, n)]))
         for row, n, lg in ran:
             try:
                 outputs.append(self._advance(row, n, lg, together.get(row.id)))
@@ -252,6 +255,17 @@ class InferenceEngine:
         except Exception:
             return {}  # each row then draws alone, and fails alone if it must
         return {r.id: t for (r, _, _), t in zip(shared, tokens)}
+
+    def _draw_greedy(self, greedy: list[tuple[Row, torch.Tensor]]) -> dict[int, int]:
+        """The plain greedy rows' next tokens: one argmax over their stacked last logits [R, V] and one copy to the
+        host for all of them, instead of a draw and a read-back per row (the same argmax, so the same tokens)."""
+        if not greedy:
+            return {}
+        try:
+            tokens = torch.stack([lg[-1] for _, lg in greedy]).argmax(dim=-1).tolist()  # [R]
+        except Exception:
+            return {}  # each row then draws alone, and fails alone if it must
+        return {r.id: t for (r, _), t in zip(greedy, tokens)}
 
     def _fail(self, row: Row, err: BaseException) -> RowOutput:
         row.finish_reason, row.error = "error", f"{type(err).__name__}: {err}"
@@ -367,6 +381,14 @@ def _draws_together(row: Row, n: int, plan: Sequence[tuple[Row, int]]) -> bool:
     """A sampled row drawing its next token this step with a generator other planned rows share."""
     return (not row.draft and row.config is not None and row.config.temperature > 0 and row.constraint is None
             and row.computed + n == row.window_length and _shares_generator(row, plan))
+
+
+def _draws_greedy(row: Row, n: int) -> bool:
+    """A greedy row drawing its next token this step that nothing else decides: no draft to verify, no
+    constraint's mask, no repetition penalty (its argmax is the plain argmax of its logits)."""
+    cfg = row.config
+    return (not row.draft and cfg is not None and cfg.temperature == 0 and row.constraint is None
+            and cfg.repetition_penalty == 1.0 and row.computed + n == row.window_length)
 
 
 def _shares_generator(row: Row, plan: Sequence[tuple[Row, int]]) -> bool:

@@ -5,12 +5,22 @@ returns each row's logits (only the positions the row needs: its last one, a dra
 ones), or for an embedding row (``Row.pooling``) the final hidden states the head would read at its positions.
 ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's tokens
 never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
+
+With ``compile``, a forward whose rows all decode (one token each, no LoRA adapters) runs the model through
+``torch.compile`` (inductor; ``dynamic=True``, so a row's growing key count and the batch size do not recompile;
+a new layout of decode groups does, up to dynamo's limit, after which that layout runs eager). On a small model a
+decode step's time is mostly the fixed cost of some 15 operations per layer, which inductor fuses; prompts and
+spans stay eager, their shapes vary too much to pay for compiling. Where compiling a model fails (no C++
+compiler, a weight type inductor cannot lower), it says why once on stderr and that model decodes eager from then
+on, in every engine.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Sequence
+import sys
+import weakref
+from typing import Any, ContextManager, Sequence
 
 import torch
 from torch import nn
@@ -55,12 +65,35 @@ def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens:
     return use_adapters(model, [index + [-1] * (num_tokens - len(index))])  # [1, N], as the packed ids
 
 
+_COMPILE_FAILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose compile failed: eager for good
+
+
 class ModelRunner:
     """The model and its paged cache; one ``forward`` per engine step."""
 
-    def __init__(self, model: nn.Module, cache: PagedKVCache) -> None:
+    def __init__(self, model: nn.Module, cache: PagedKVCache, *, compile: bool = False) -> None:
         self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
+        self.compiled: Any = (torch.compile(model, dynamic=True)  # the decode steps' model
+                              if compile and model not in _COMPILE_FAILED else None)
+
+    def _model_for(self, slices: Sequence[RowSlice]) -> Any:
+        if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
+                or any(s.length != 1 for s in slices)):
+            return self.model
+        return self.compiled
+
+    def _run_model(self, model: Any, idx: torch.Tensor, batch: Any) -> torch.Tensor:
+        try:
+            return model(idx, cache=self.cache, pos=batch)[0]
+        except Exception as err:
+            if model is self.model:
+                raise
+            print(f"tinygpt: torch.compile failed, decoding eager from now on: {type(err).__name__}: "
+                  f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+            self.compiled = None
+            _COMPILE_FAILED.add(self.model)
+            return self.model(idx, cache=self.cache, pos=batch)[0]  # rewrites the same cache slots
 
     def forward(self, plan: Sequence[tuple[Row, int]]) -> list[torch.Tensor]:
         """One forward over the plan's rows; each row's logits [m, V] (m may be 0), in plan order; an embedding
@@ -75,7 +108,7 @@ class ModelRunner:
         embedding = [plan[i][0].pooling is not None for i in order for _ in slices[i].logits]  # per output
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
             if not any(embedding):
-                logits = self.model(idx, cache=self.cache, pos=batch)[0]  # [M, V]: only the tokens that need them
+                logits = self._run_model(self._model_for(slices), idx, batch)  # [M, V]: only the tokens that need them
             else:  # the forward's two halves (``GPTModel.forward``), so embedding rows keep their hidden states
                 states = self.cache.head_input(self.model.hidden_states(idx, cache=self.cache, pos=batch))[0]  # [M, D]
                 head = torch.tensor([not e for e in embedding], device=self.device)  # [M]

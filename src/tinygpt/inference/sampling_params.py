@@ -54,6 +54,8 @@ class GenerationConfig:
     prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k draft tokens per forward
     (greedy: the same tokens; sampled: the same distribution; fewer forwards when the drafts are right): drafts by
     prompt lookup (the text's own n-grams), or by the ``draft_model`` given to ``generate`` / ``stream``.
+    ``compile``: run the decode steps through ``torch.compile`` (``inference.runner``; a start-up cost of seconds
+    for a lower cost per step, which pays on small models: docs/performance.md).
     """
 
     max_new_tokens: int = 64
@@ -70,6 +72,7 @@ class GenerationConfig:
     pad_id: int = 0
     token_budget: int | None = None
     speculative_tokens: int = 0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         checks.non_negative_int("max_new_tokens", self.max_new_tokens)
@@ -92,6 +95,7 @@ class GenerationConfig:
         checks.boolean("use_cache", self.use_cache)
         checks.positive_int("token_budget", self.token_budget, optional=True, note="(unset: no limit)")
         checks.non_negative_int("speculative_tokens", self.speculative_tokens, note="(0 means off)")
+        checks.boolean("compile", self.compile)
 
     @property
     def greedy(self) -> bool:

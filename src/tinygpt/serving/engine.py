@@ -157,13 +157,14 @@ class EngineThread:
     raises ``QueueFull``). ``token_budget``: tokens per forward (decodes first, then chunks of prompts).
     ``cache_tokens``: positions the cache holds (default ``max_batch`` x the context). ``prefix_reuse``: take cached
     prefixes. ``speculative_tokens``: draft tokens verified per forward (0: off), by prompt lookup or, with a
-    ``draft_model`` (sharing the tokenizer), by that model.
+    ``draft_model`` (sharing the tokenizer), by that model. ``compile``: the decode steps through ``torch.compile``
+    (``inference.runner``).
     """
 
     def __init__(self, model: nn.Module, tokenizer: TextCodec, *, max_batch: int = 8, max_queue: int = 64,
                  dtype: str = "auto", token_budget: int | None = None, cache_tokens: int | None = None,
                  prefix_reuse: bool = True, speculative_tokens: int = 0,
-                 draft_model: nn.Module | None = None) -> None:
+                 draft_model: nn.Module | None = None, compile: bool = False) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
@@ -177,7 +178,7 @@ class EngineThread:
         autocast(self.device, dtype)  # a bad value fails here, not on the engine's thread
         budget = max(DEFAULT_TOKEN_BUDGET, max_batch) if token_budget is None else token_budget
         self._options = dict(max_rows=max_batch, token_budget=budget, cache_tokens=cache_tokens,
-                             prefix_reuse=prefix_reuse, speculative_tokens=speculative_tokens,
+                             prefix_reuse=prefix_reuse, speculative_tokens=speculative_tokens, compile=compile,
                              draft_model=draft_model,
                              chunk_per_decode=DEFAULT_CHUNK_PER_DECODE)
         self.core = InferenceEngine(model, **self._options)

@@ -222,7 +222,7 @@ class ServerState:
                                   dtype=self.dtype, token_budget=o.token_budget, cache_tokens=o.cache_tokens,
                                   prefix_reuse=o.prefix_cache,
                                   speculative_tokens=o.speculative_tokens if self.speculative != "off" else 0,
-                                  draft_model=self.draft_model)
+                                  draft_model=self.draft_model, compile=o.compile)
 
     def _draft(self, given: nn.Module | None) -> nn.Module | None:
         """The draft model with ``--speculative draft``: ``given`` (which implies it), or ``--draft``'s loaded
