@@ -63,6 +63,9 @@ class ServeOptions:
     host: str = option("127.0.0.1", "address to bind; on a loopback address only requests whose Host is a "
                                     "loopback name are served (DNS-rebinding defence)")
     port: int = option(8000, "port to listen on (0: any free port)")
+    tool: bool = option(False, "let every answer call the calculator (<<4*12= -> 48>>, as tinygpt grpo trains): "
+                               "the server forces the result after each call; a request that constrains its output "
+                               "(response_format, grammar, regex, tools) runs without it")
     max_batch: int = option(8, "rows decoded together; requests beyond wait in the queue")
     max_queue: int = option(64, "rows (and /inspect requests) that may wait for the batch; beyond, 429 + "
                                 "Retry-After")

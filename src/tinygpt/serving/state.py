@@ -26,6 +26,7 @@ from ..generation import GenerationConfig
 from ..inference.drafting import check_draft_model
 from ..text_stream import TextCodec
 from ..tokenizer import Tokenizer
+from ..tools import Calculator
 from .chat_format import chat_text, encode_chat, prompt_char_limit
 from .engine import EngineThread, EngineRequest, EngineStopped, Finish, PromptLogprobs, QueueFull, Step, TokenInfo
 from .metrics import ServerMetrics, scheduler_reading
@@ -408,10 +409,16 @@ class ServerState:
                     overflow="slide" if len(ids) > self.context else "error")  # a scored C + 1-token prompt
                 choices.requests.append(EngineRequest(
                     ids, config, choices.sink(p * sampling.n + j), stop, logprobs, prompt_logprobs,
-                    adapter=adapter, constraint=None if grammar is None else grammar.constraint(device),
+                    adapter=adapter, constraint=self._constraint(grammar, device),
                     cache_salt=sampling.cache_salt))
         self.enqueue(choices)
         return choices
+
+    def _constraint(self, grammar: Any, device: Any) -> Any:
+        """A row's constraint: the request's grammar, else the calculator with ``--tool``, else none."""
+        if grammar is not None:
+            return grammar.constraint(device)
+        return Calculator(self.tokenizer) if self.options.tool else None
 
     def enqueue(self, choices: Choices) -> None:
         """Queue the choices' requests, all or none (429 when the queue cannot take them, 503 once stopping)."""
