@@ -161,13 +161,14 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
         ours.wait_ready(300)
         context = min(model.config.context_length, max(512, 64 + decode))  # a slot holds a prompt and its answer
         with llama_server(binary, gguf, threads=threads, context=context, parallel=most) as theirs:
+            # a new connection per request for both servers: llama-server closes kept-alive connections itself
             for url in (ours.url, theirs):  # warm-up
-                asyncio.run(load(url, bodies(2), seconds=300))
+                asyncio.run(load(url, bodies(2), seconds=300, keepalive=False))
             for r in range(repeats):
                 for name in (("tinygpt", "llama") if r % 2 == 0 else ("llama", "tinygpt")):
                     for count in clients:
                         url = ours.url if name == "tinygpt" else theirs
-                        wall, records, _ = asyncio.run(load(url, bodies(count), seconds=300))
+                        wall, records, _ = asyncio.run(load(url, bodies(count), seconds=300, keepalive=False))
                         rows.setdefault((name, count), []).append(phase_row(name, count, wall, records))
     finally:
         ours.stop()

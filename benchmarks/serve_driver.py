@@ -107,21 +107,24 @@ async def stream_request(client: Any, url: str, body: dict[str, Any], record: di
     return record
 
 
-def client(max_connections: int = 64) -> Any:
+def client(max_connections: int = 64, keepalive: bool = True) -> Any:
     import httpx
 
     return httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S),
-                             limits=httpx.Limits(max_connections=max_connections))
+                             limits=httpx.Limits(max_connections=max_connections,
+                                                 **({} if keepalive else {"max_keepalive_connections": 0})))
 
 
-async def load(url: str, bodies: list[list[dict[str, Any]]], seconds: float | None = None
-               ) -> tuple[float, list[dict[str, Any]], bool]:
+async def load(url: str, bodies: list[list[dict[str, Any]]], seconds: float | None = None, *,
+               keepalive: bool = True) -> tuple[float, list[dict[str, Any]], bool]:
     """Each client sends its bodies in turn, all clients at once; a client starts no request after ``seconds``.
-    Returns (wall seconds, every finished request's record in client order, whether the deadline cut it short)."""
+    Returns (wall seconds, every finished request's record in client order, whether the deadline cut it short).
+    ``keepalive=False``: a new connection per request (for a server that closes kept-alive connections on its own
+    schedule, as llama-server's HTTP library does, which a reused connection would meet as a disconnect)."""
     deadline = None if seconds is None else time.perf_counter() + seconds
     cut = False
 
-    async with client() as http:
+    async with client(keepalive=keepalive) as http:
         async def client_loop(own: list[dict[str, Any]]) -> list[dict[str, Any]]:
             nonlocal cut
             out = []
@@ -191,12 +194,41 @@ class Servers:
             self.not_available[LABELS[key]] = f"this server has no {' '.join(missing)} flag"
             return
         port = free_port()
-        command = [sys.executable, "-m", "tinygpt", "serve", "--model", str(self.ours), "--port", str(port),
+        model = self.ours if src == SRC else self.model_for(src)
+        if model is None:
+            return
+        command = [sys.executable, "-m", "tinygpt", "serve", "--model", str(model), "--port", str(port),
                    "--model-name", "bench", "--log-level", "warning"]
         for flag, value in (("--max-batch", self.max_batch), ("--max-queue", 256), ("--device", self.device)):
             if flag in help_text:  # a later engine may size its batch otherwise
                 command += [flag, str(value)]
         self.running[key] = ServerProcess(LABELS[key], command + list(extra), port, self.tmp_dir, src)
+
+    def model_for(self, src: Path) -> Path | None:
+        """The model folder as an older checkout can read it: a copy whose config.json leaves out the keys that
+        checkout's ``GPTConfig`` does not know, when each such key holds its default here (the model then uses no
+        feature the older code lacks); None (said in ``not_available``) when one does not."""
+        import dataclasses
+        import shutil
+
+        code = "import dataclasses, json; from tinygpt.config import GPTConfig; " \
+               "print(json.dumps([f.name for f in dataclasses.fields(GPTConfig)]))"
+        known = set(json.loads(subprocess.run([sys.executable, "-c", code], env=dict(
+            os.environ, PYTHONPATH=str(src)), capture_output=True, text=True, check=True).stdout))
+        from tinygpt.config import GPTConfig
+
+        config = json.loads((self.ours / "config.json").read_text())
+        defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+        newer = [k for k in config if k not in known]
+        if any(config[k] != defaults.get(k) for k in newer):
+            self.not_available[LABELS["before"]] = f"the model uses {', '.join(newer)}, which {src} lacks"
+            return None
+        folder = self.tmp_dir / f"model-for-{abs(hash(str(src)))}"
+        if not folder.exists():
+            shutil.copytree(self.ours, folder)
+            (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k in known},
+                                                           indent=2))
+        return folder
 
     def add_hf(self, key: str, continuous_batching: bool) -> None:
         from transformers.utils.import_utils import is_serve_available
