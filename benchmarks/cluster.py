@@ -41,7 +41,7 @@ from tinygpt import GPTConfig, GPTModel, save_model
 
 from .common import format_table, run_and_report
 from .serve import _gpt2_tokenizer, make_prompts, phase_row, quick_serve_config
-from .serve_driver import ServerProcess, free_port, load, median_row
+from .serve_driver import ServerProcess, free_port, load, median_row, stream_bodies
 
 WAIT_S = 300.0
 
@@ -52,14 +52,8 @@ def default_config() -> GPTConfig:
                      tie_weights=True)
 
 
-def _bodies(prompts: list[str], clients: int, requests: int, new_tokens: int) -> list[list[dict[str, Any]]]:
-    return [[{"model": "bench", "prompt": prompts[(c * requests + r) % len(prompts)], "max_tokens": new_tokens,
-              "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-             for r in range(requests)] for c in range(clients)]
-
-
 def _phase(impl: str, url: str | list[str], bodies: list[list[dict[str, Any]]],
-           plain_pids: set[int] = frozenset()) -> dict[str, Any]:
+           plain_pids: frozenset[int] | set[int] = frozenset()) -> dict[str, Any]:
     """One load phase; with several ``url`` the clients are split between them evenly (the ceiling without Ray).
     The row carries the cores each group of processes kept busy meanwhile (``cores``)."""
     urls = [url] if isinstance(url, str) else url
@@ -69,11 +63,16 @@ def _phase(impl: str, url: str | list[str], bodies: list[list[dict[str, Any]]],
         parts = await asyncio.gather(*(load(u, bodies[i::len(urls)], seconds=WAIT_S) for i, u in enumerate(urls)))
         return time.perf_counter() - start, [r for _, records, _ in parts for r in records]
 
-    before = _cpu_seconds(set(plain_pids))
+    before = _cpu_seconds(plain_pids)
     wall, records = asyncio.run(all_servers())
     row = phase_row(impl, len(bodies), wall, records)
-    row["cores"] = _cpu_share(before, _cpu_seconds(set(plain_pids)), wall)
+    row["cores"] = _cpu_share(before, _cpu_seconds(plain_pids), wall)
     return row
+
+
+def _is_replica(proc: Any) -> bool:
+    """Whether a ``psutil.Process`` is a Ray Serve replica of tinygpt (by the name Ray gives its process)."""
+    return "ServeReplica:tinygpt" in " ".join(proc.cmdline())
 
 
 def _replica_pids() -> set[int]:
@@ -82,14 +81,14 @@ def _replica_pids() -> set[int]:
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "ServeReplica:tinygpt" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+            if _is_replica(proc) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.add(proc.pid)
         except psutil.Error:
             continue
     return found
 
 
-def _cpu_seconds(plain_pids: set[int]) -> dict[int, tuple[str, float]]:
+def _cpu_seconds(plain_pids: frozenset[int] | set[int]) -> dict[int, tuple[str, float]]:
     """User + system CPU seconds so far of this process and every process under it, by pid, each with its group:
     ``replicas`` (Ray Serve replicas of tinygpt), ``plain servers`` (``tinygpt serve`` without Ray), ``ray`` (every
     other process Ray started: GCS, raylet, controller, proxy, dashboard, workers) and ``clients`` (this process:
@@ -105,7 +104,7 @@ def _cpu_seconds(plain_pids: set[int]) -> dict[int, tuple[str, float]]:
                 group = "clients"
             elif proc.pid in plain_pids:
                 group = "plain servers"
-            elif "ServeReplica:tinygpt" in " ".join(proc.cmdline()):
+            elif _is_replica(proc):
                 group = "replicas"
             else:
                 group = "ray"
@@ -258,7 +257,7 @@ def run(quick: bool = False, *, clients: int = 32, requests: int = 2, new_tokens
 
             def bodies(count: int) -> list[list[dict[str, Any]]]:
                 nonlocal offset
-                out = _bodies(prompts[offset:] + prompts[:offset], count, requests, new_tokens)
+                out = stream_bodies(prompts, count, requests, new_tokens, offset)
                 offset = (offset + count * requests) % len(prompts)
                 return out
 

@@ -130,11 +130,10 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
     tokens (prompts of 16-48 tokens), the two servers alternating per round; tok/s over the phase, TTFT p50."""
     import asyncio
     import os
-    import statistics
     import sys
 
     from benchmarks.serve import make_prompts, phase_row
-    from benchmarks.serve_driver import ServerProcess, free_port, load
+    from benchmarks.serve_driver import ServerProcess, free_port, load, median_row, stream_bodies
     from tinygpt.checkpoint import save_model
 
     most = max(clients)
@@ -151,9 +150,7 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
 
     def bodies(count: int) -> list[list[dict[str, Any]]]:
         nonlocal offset
-        out = [[{"model": "bench", "prompt": texts[(offset + 2 * c + r) % len(texts)], "max_tokens": decode,
-                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}} for r in range(2)]
-               for c in range(count)]
+        out = stream_bodies(texts, count, 2, decode, offset)
         offset += 2 * count
         return out
 
@@ -174,12 +171,11 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
         ours.stop()
     out = []
     for count in clients:
-        mine, ref = rows[("tinygpt", count)], rows[("llama", count)]
-        med = lambda rs, key: statistics.median(x[key] for x in rs)  # noqa: E731
+        mine, ref = median_row(rows[("tinygpt", count)]), median_row(rows[("llama", count)])
         out.append({"gguf": kind, "tinygpt": PAIRS[kind], "clients": count,
-                    "llama_tok_s": med(ref, "tokens_per_s"), "tinygpt_tok_s": med(mine, "tokens_per_s"),
-                    "ratio": med(mine, "tokens_per_s") / med(ref, "tokens_per_s"),
-                    "llama_ttft_p50_ms": med(ref, "ttft_p50_ms"), "tinygpt_ttft_p50_ms": med(mine, "ttft_p50_ms")})
+                    "llama_tok_s": ref["tokens_per_s"], "tinygpt_tok_s": mine["tokens_per_s"],
+                    "ratio": mine["tokens_per_s"] / ref["tokens_per_s"],
+                    "llama_ttft_p50_ms": ref["ttft_p50_ms"], "tinygpt_ttft_p50_ms": mine["ttft_p50_ms"]})
     return out
 
 

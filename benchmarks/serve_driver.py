@@ -107,6 +107,15 @@ async def stream_request(client: Any, url: str, body: dict[str, Any], record: di
     return record
 
 
+def stream_bodies(prompts: list[str], clients: int, requests: int, new_tokens: int, offset: int = 0
+                  ) -> list[list[dict[str, Any]]]:
+    """``clients`` lists of ``requests`` greedy streaming ``/v1/completions`` bodies each (usage in the stream), the
+    prompts taken in turn from ``offset`` on (wrapping)."""
+    return [[{"model": "bench", "prompt": prompts[(offset + c * requests + r) % len(prompts)], "max_tokens": new_tokens,
+              "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+             for r in range(requests)] for c in range(clients)]
+
+
 def client(max_connections: int = 64, keepalive: bool = True) -> Any:
     import httpx
 

@@ -30,8 +30,9 @@ def test_plain_greedy_rows_draw_together_and_give_the_offline_tokens(monkeypatch
     greedy = [engine.add(Row(list(p), GenerationConfig(max_new_tokens=9))) for p in PROMPTS[:3]]
     penalised = engine.add(Row(list(PROMPTS[3]), GenerationConfig(max_new_tokens=9, repetition_penalty=1.3)))
     together = []
-    draw_greedy = engine._draw_greedy
-    monkeypatch.setattr(engine, "_draw_greedy", lambda rows: together.append(len(rows)) or draw_greedy(rows))
+    draw_greedy = engine_module.draw_greedy
+    monkeypatch.setattr(engine_module, "draw_greedy",
+                        lambda rows, logits: together.append(len(rows)) or draw_greedy(rows, logits))
     engine.run_until_done()
     for row, prompt in zip(greedy, PROMPTS):
         assert row.tokens[len(prompt):] == _offline(model, prompt, 9)

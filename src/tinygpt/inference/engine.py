@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from .kv_cache import PagedKVCache
 from .blocks import RESERVED, BlockManager, prefix_root
 from .constraint import masked_logits
 from .row import Row, Score
-from .runner import ModelRunner, draw, draw_together, verify
+from .runner import ModelRunner, draw, draw_greedy, draw_together, verify
 from .drafting import Drafter, DraftModels, Proposer, check_draft_model
 from .scheduler import Scheduler
 
@@ -229,8 +229,9 @@ class InferenceEngine:
         that raises fails alone. Then the finished rows leave and the computed full blocks are published."""
         outputs = [self._fail(row, lg) for (row, _), lg in zip(plan, results) if isinstance(lg, BaseException)]
         ran = [(row, n, lg) for (row, n), lg in zip(plan, results) if not isinstance(lg, BaseException)]
-        together = self._draw_shared([(row, n, lg) for row, n, lg in ran if _draws_together(row, n, plan)])
-        together.update(self._draw_greedy([(row, lg) for row, n, lg in ran if _draws_greedy(row, n)]))
+        # rows sharing a generator draw in one call, and so do the plain greedy rows
+        together = _draw_at_once([(row, lg) for row, n, lg in ran if _draws_together(row, n, plan)], draw_together)
+        together.update(_draw_at_once([(row, lg) for row, n, lg in ran if _draws_greedy(row, n)], draw_greedy))
         for row, n, lg in ran:
             try:
                 outputs.append(self._advance(row, n, lg, together.get(row.id)))
@@ -246,26 +247,6 @@ class InferenceEngine:
             elif row.config is not None and not row.config.use_cache and row.pending == 1:
                 self.scheduler.requeue(row)  # no cache: the whole window again at the next step
         return outputs
-
-    def _draw_shared(self, shared: list[tuple[Row, int, torch.Tensor]]) -> dict[int, int]:
-        if not shared:
-            return {}
-        try:
-            tokens = draw_together([r for r, _, _ in shared], [lg[-1] for _, _, lg in shared])
-        except Exception:
-            return {}  # each row then draws alone, and fails alone if it must
-        return {r.id: t for (r, _, _), t in zip(shared, tokens)}
-
-    def _draw_greedy(self, greedy: list[tuple[Row, torch.Tensor]]) -> dict[int, int]:
-        """The plain greedy rows' next tokens: one argmax over their stacked last logits [R, V] and one copy to the
-        host for all of them, instead of a draw and a read-back per row (the same argmax, so the same tokens)."""
-        if not greedy:
-            return {}
-        try:
-            tokens = torch.stack([lg[-1] for _, lg in greedy]).argmax(dim=-1).tolist()  # [R]
-        except Exception:
-            return {}  # each row then draws alone, and fails alone if it must
-        return {r.id: t for (r, _), t in zip(greedy, tokens)}
 
     def _fail(self, row: Row, err: BaseException) -> RowOutput:
         row.finish_reason, row.error = "error", f"{type(err).__name__}: {err}"
@@ -334,8 +315,8 @@ class InferenceEngine:
 
     def _advance_score(self, row: Row, n: int, logits: torch.Tensor) -> RowOutput:
         first = row.computed + n - logits.shape[0]  # window position of the first scored logits
-        logits = logits[max(0, row.score_upto - first):]  # positions a preempted row already scored
-        first = row.computed + n - logits.shape[0]
+        skip = max(0, row.score_upto - first)  # positions a preempted row scored before its recompute
+        logits, first = logits[skip:], first + skip
         if logits.shape[0]:
             row.score_upto = row.computed + n
             targets = torch.tensor(row.tokens[first + 1:row.computed + n + 1], device=logits.device)
@@ -375,6 +356,19 @@ class InferenceEngine:
     def run_until_done(self) -> None:
         while self.has_work:
             self.step()
+
+
+def _draw_at_once(rows: list[tuple[Row, torch.Tensor]], draw: Callable[[list[Row], list[torch.Tensor]], list[int]]
+                  ) -> dict[int, int]:
+    """The next token of each row (by id) from one ``draw`` over the rows and their last logits [V] each; empty when
+    the draw raises: each row then draws alone, and fails alone if it must."""
+    if not rows:
+        return {}
+    try:
+        tokens = draw([r for r, _ in rows], [lg[-1] for _, lg in rows])
+    except Exception:
+        return {}
+    return {r.id: t for (r, _), t in zip(rows, tokens)}
 
 
 def _draws_together(row: Row, n: int, plan: Sequence[tuple[Row, int]]) -> bool:

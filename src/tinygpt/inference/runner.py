@@ -145,6 +145,12 @@ def draw_together(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[i
     return tokens.tolist()
 
 
+def draw_greedy(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> list[int]:
+    """Plain greedy rows (no draft, constraint or repetition penalty): one argmax over their stacked logits [R, V]
+    and one copy to the host for all of them, instead of a draw and a read-back per row (the same tokens)."""
+    return torch.stack(list(logits)).argmax(dim=-1).tolist()
+
+
 def verify(row: Row, logits: torch.Tensor) -> list[int]:
     """Check the row's draft against the target's logits [k + 1, V]: 1 .. k + 1 tokens. Greedy rows keep the
     drafts equal to the argmax (exactly plain greedy's tokens); sampled rows use Leviathan et al.'s accept/resample
