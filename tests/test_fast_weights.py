@@ -13,7 +13,7 @@ import torch
 from inference_support import VARIANTS, variant_model
 from test_inference_engine import _alone, _schedule
 from tinygpt import generate
-from tinygpt.fast.weights import Bf16Linear, Int8Linear, convert_weights, onednn_bf16, quantize_int8
+from tinygpt.fast.weights import Bf16Linear, Int8Linear, convert_weights, onednn_bf16, plain_weights, quantize_int8
 
 def _inputs(seed: int = 0, rows: int = 5, d_in: int = 48, d_out: int = 40):
     g = torch.Generator().manual_seed(seed)
@@ -92,3 +92,18 @@ def test_a_converted_model_is_for_inference_only():
         model(torch.zeros(1, 4, dtype=torch.long), targets=torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="use one of float32, bfloat16, int8"):
         convert_weights(model, "fp8")
+
+
+def test_plain_weights_lays_bf16_weights_out_plain_with_the_same_values():
+    model = variant_model("gpt2", torch.float32)
+    rounded = model.trf_blocks[0].ff.layers[0].weight.detach().to(torch.bfloat16)
+    convert_weights(model, "bfloat16")
+    idx = torch.randint(0, 53, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(idx)
+        assert plain_weights(model) == (9 if onednn_bf16() else 0)
+        assert plain_weights(model) == 0  # nothing left packed
+        layer = model.trf_blocks[0].ff.layers[0]
+        assert not layer.packed and layer.weight.layout == torch.strided and torch.equal(layer.weight, rounded)
+        after = model(idx)
+    assert torch.allclose(after, before, atol=1e-2 * float(before.abs().max()))  # same bf16 products, other kernel

@@ -47,7 +47,7 @@ def _spy_compile(monkeypatch, fail: bool = False) -> list[int]:
     calls: list[int] = []
 
     def compile(model, **options):
-        assert options == {"dynamic": True}
+        assert options == {"dynamic": True, "options": {"realize_acc_reads_threshold": 1}}
 
         def compiled(idx, **kwargs):
             if fail:

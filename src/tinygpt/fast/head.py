@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import onednn
+from .one_row import one_row_compiled, one_row_linear
 from .switch import is_enabled
 
 _ROW_ALIGN = 64  # floats: a 256-byte row start suits the BLAS's vector loads
@@ -29,6 +30,8 @@ class OutputHead(nn.Linear):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, T, D] -> logits [B, T, V]; see the module docstring for which product runs."""
         weight = self.weight  # [V, D]
+        if torch.compiler.is_compiling():  # inductor's kernels (the switch's lookup would break the graph)
+            return one_row_linear(h, weight, self.bias) if one_row_compiled(h) else super().forward(h)
         if not is_enabled("head") or self.bias is not None:
             return super().forward(h)
         if onednn.applies(h, weight):

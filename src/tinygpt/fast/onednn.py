@@ -22,6 +22,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .one_row import one_row_compiled, one_row_linear
 from .switch import is_enabled
 
 
@@ -162,6 +163,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight: LoRA's base) or ``trained_applies`` (training a weight, in products large enough to gain); everything
     else (small trained products, other devices and dtypes, autocast) is plain ``F.linear``.
     """
+    if one_row_compiled(x):
+        return one_row_linear(x, weight, bias)
     if weight.numel() < INFERENCE_MIN_WEIGHT and not torch.is_grad_enabled():
         return F.linear(x, weight, bias)  # what the three rules below give here, without their checks per call
     if applies(x, weight, bias):
