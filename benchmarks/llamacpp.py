@@ -201,8 +201,10 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
                 stats: dict[str, list[float]] = {"decode": [], "prompt": [], "compiled": []}
                 timed = {"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
                          "prompt": lambda: ours(long_prompt, last_only=True)}
-                if compile:
-                    timed["compiled"] = lambda: generate(ours, [prompts[0]], max_new_tokens=decode, compile=True)
+                if compile:  # its own copy: compiling lays bf16 weights out plain (``fast.weights.plain_weights``)
+                    compiled = copy.deepcopy(model)
+                    convert_weights(compiled, PAIRS[kind])
+                    timed["compiled"] = lambda: generate(compiled, [prompts[0]], max_new_tokens=decode, compile=True)
                 for _ in range(repeats):  # alternate: llama.cpp, then tinygpt, per round
                     theirs.append(llama_bench(binary, gguf, threads=threads, prompt=prompt, decode=decode))
                     t = time_interleaved(timed, warmup=1, repeats=1)
