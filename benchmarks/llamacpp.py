@@ -124,10 +124,11 @@ def llama_greedy(binary: Path, gguf: Path, prompts: list[list[int]], n: int, *, 
 
 
 def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path, kind: str, *, threads: int,
-                 clients: list[int], decode: int, repeats: int) -> list[dict[str, Any]]:
+                 clients: list[int], decode: int, repeats: int, compile: bool = False) -> list[dict[str, Any]]:
     """``tinygpt serve --weights PAIRS[kind]`` against ``llama-server`` on the ``kind`` file, both with ``threads``
     threads and a slot per client: at each client count, every client streams 2 greedy completions of ``decode``
-    tokens (prompts of 16-48 tokens), the two servers alternating per round; tok/s over the phase, TTFT p50."""
+    tokens (prompts of 16-48 tokens), the two servers alternating per round; tok/s over the phase, TTFT p50.
+    With ``compile``, tinygpt's server compiles its decode steps (``serve --compile``)."""
     import asyncio
     import os
     import sys
@@ -144,7 +145,8 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the tinygpt server's threads (read at its start)
     ours = ServerProcess("tinygpt serve", [sys.executable, "-m", "tinygpt", "serve", "--model", str(folder),
                                            "--port", str(port), "--model-name", "bench", "--max-batch", str(most),
-                                           "--weights", PAIRS[kind], "--log-level", "warning"], port, gguf.parent)
+                                           "--weights", PAIRS[kind], "--log-level", "warning"]
+                          + (["--compile"] if compile else []), port, gguf.parent)
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     offset = 0
 
@@ -214,7 +216,7 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             ref = llama_greedy(binary, gguf, prompts, 32, threads=threads)
             if servers:
                 serving += serve_phases(binary, model, tokenizer, gguf, kind, threads=threads, clients=servers,
-                                        decode=decode, repeats=repeats)
+                                        decode=decode, repeats=repeats, compile=compile)
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             l_dec, l_pre = med([r["decode"] for r in theirs]), med([r["prompt"] for r in theirs])
             rows.append({"gguf": kind, "tinygpt": PAIRS[kind], "llama_decode": l_dec, "tinygpt_decode":
@@ -254,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compile", action="store_true", help="also time tinygpt's decode step compiled")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time tinygpt's decode step compiled (and run --servers' tinygpt serve --compile)")
     parser.add_argument("--servers", metavar="CLIENTS", default="",
                         help="also run tinygpt serve against llama-server at these client counts, e.g. 1,16")
     parser.add_argument("--json", metavar="PATH")

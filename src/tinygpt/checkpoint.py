@@ -209,8 +209,8 @@ def _floating(source: str | Path, name: str, tensor: torch.Tensor) -> torch.Tens
     return tensor
 
 
-def _tie_and_check(model: GPTModel, config: GPTConfig) -> GPTModel:
-    if config.tie_weights:
+def _tie_and_check(model: GPTModel, config: GPTConfig, tied_head: bool = True) -> GPTModel:
+    if config.tie_weights and tied_head:
         model.out_head.weight = model.tok_emb.weight  # assign made two Parameters: make them one again
     # The model holds no buffers (its causal mask is built per call), so nothing else is left on meta; were one added,
     # this says so instead of running with a meta tensor.
@@ -221,23 +221,44 @@ def _tie_and_check(model: GPTModel, config: GPTConfig) -> GPTModel:
 
 
 def model_from_tensors(config: GPTConfig, tensors: Iterable[tuple[str, torch.Tensor]], *, source: str | Path,
-                       quantize: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-                       ) -> GPTModel:
-    """A ``GPTModel`` whose block linears are ``NF4Linear`` (``quantize``: ``quantize.QUANTIZE_CHOICES``), built
-    from (name, tensor) pairs as they come: each block linear's float weight is quantised as soon as it arrives and
-    can be freed before the next is read, so the float base is never whole in memory (QLoRA's loader). The other
-    tensors become the model's parameters as in ``model_from_state_dict`` (moved/cast only when asked); the NF4
-    bytes are those ``quantize.quantize_linears`` gives the float model. Names and shapes are checked as there.
+                       quantize: str | None = None, weights: str = "float32", device: str | torch.device = "cpu",
+                       dtype: torch.dtype | None = None) -> GPTModel:
+    """A ``GPTModel`` built from (name, tensor) pairs as they come, whose linears are made smaller as they arrive:
+    each float weight is turned into its small module at once and can be freed before the next is read, so the
+    float weights are never whole in memory.
+
+    ``quantize`` (``quantize.QUANTIZE_CHOICES``): the block linears become ``NF4Linear`` (QLoRA's loader; the bytes
+    ``quantize.quantize_linears`` gives the float model). ``weights`` (``"bfloat16"`` or ``"int8"``, inference):
+    the block linears and the head become ``fast.weights``' ``Bf16Linear`` / ``Int8Linear``, the values
+    ``convert_weights`` gives the float model (a tied head gets its own small copy of the embedding, which stays
+    float32). The other tensors become the model's parameters as in ``model_from_state_dict`` (moved/cast only when
+    asked). Names and shapes are checked as there.
     """
     from torch import nn
 
     from .quantize import NF4Linear, block_linears, is_double_quant, replace_linear
 
+    if (quantize is None) == (weights == "float32"):
+        raise ValueError(f"model_from_tensors makes the linears small one way: quantize={quantize!r} or weights="
+                         f"{weights!r} (bfloat16, int8), exactly one")
     device = torch.device(device)
     with torch.device("meta"):
         model = GPTModel(config)
     expected = _expected_shapes(model)
     linears = set(block_linears(model))
+    if quantize is not None:
+        def small(weight: torch.Tensor) -> nn.Module:
+            return NF4Linear(weight, None, double_quant=is_double_quant(quantize))
+    else:
+        from .fast.weights import Bf16Linear, Int8Linear, check_weight_type
+
+        check_weight_type(weights)
+        kind = Bf16Linear if weights == "bfloat16" else Int8Linear
+
+        def small(weight: torch.Tensor) -> nn.Module:
+            return kind(weight, None)
+        if not config.tie_weights:
+            linears.add("out_head")
     shapes: dict[str, torch.Size] = {}
     state: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
@@ -245,24 +266,32 @@ def model_from_tensors(config: GPTConfig, tensors: Iterable[tuple[str, torch.Ten
             raise ValueError(f"{source}: tensor {name!r} appears twice")
         shapes[name] = tensor.shape
         module, _, leaf = name.rpartition(".")
-        quantized = module in linears and leaf == "weight"
         if name in expected and tuple(tensor.shape) != tuple(expected[name]):
             check_names_and_shapes(source, {name: tensor.shape}, {name: expected[name]})
         tensor = _floating(source, name, tensor).to(device=device, dtype=dtype or tensor.dtype)
-        if quantized:
-            replace_linear(model, module, NF4Linear(tensor, None, double_quant=is_double_quant(quantize)))
+        if module in linears and leaf == "weight":
+            replace_linear(model, module, small(tensor))
         else:
             state[name] = tensor
-        del tensor  # a quantised weight's float copy is gone before the next tensor is read
+            if name == "tok_emb.weight" and config.tie_weights and quantize is None:
+                replace_linear(model, "out_head", small(tensor))  # the tied head's own small copy
+        del tensor  # a small linear's float weight is gone before the next tensor is read
     check_names_and_shapes(source, shapes, expected)
     for module in linears:
         bias = state.pop(f"{module}.bias", None)
         if bias is not None:
-            model.get_submodule(module).bias = nn.Parameter(bias, requires_grad=False)
-    if config.tie_weights:
+            layer = model.get_submodule(module)
+            if quantize is not None:
+                layer.bias = nn.Parameter(bias, requires_grad=False)
+            else:
+                layer.bias = bias.float()  # the small types keep a float32 bias buffer
+    if config.tie_weights and quantize is not None:
         state[_TIED_KEY] = state["tok_emb.weight"]
-    model.load_state_dict(state, strict=False, assign=True)  # the NF4 modules already hold their tensors
+    model.load_state_dict(state, strict=False, assign=True)  # the small modules already hold their tensors
     state.clear()
+    if quantize is None:
+        model.weight_type = weights  # as ``convert_weights`` marks a converted model
+        return _tie_and_check(model, config, tied_head=False)
     return _tie_and_check(model, config)
 
 
@@ -289,12 +318,13 @@ def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], *, 
 
 
 def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               quantize: str | None = None) -> GPTModel:
+               quantize: str | None = None, weights: str = "float32") -> GPTModel:
     """Load a checkpoint written by ``save_model`` into a ``GPTModel`` on ``device`` (in eval mode).
 
     ``dtype`` converts the floating tensors (default: as stored). ``quantize`` (``"nf4"``, ``"nf4-dq"``): the block
-    linears become ``NF4Linear``, each quantised as it is read (``model_from_tensors``). Strict: see the module
-    docstring.
+    linears become ``NF4Linear``; ``weights`` (``"bfloat16"``, ``"int8"``, for inference): the block linears and the
+    head become ``fast.weights``' small types. Either way each is made small as it is read (``model_from_tensors``),
+    never as a whole float model first. Strict: see the module docstring.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -305,16 +335,21 @@ def load_model(directory: str | Path, *, device: str | torch.device = "cpu", dty
         check_config_fits(config, path.stat().st_size, directory / CONFIG_FILE)
     with torch.device("meta"):
         expected = _expected_shapes(GPTModel(config))
-    if quantize is not None:
+    if weights != "float32" and (quantize is not None or dtype is not None):
+        raise ValueError(f"weights={weights!r} takes neither quantize nor dtype: the weight type is the linears' dtype")
+    if quantize is not None or weights != "float32":
         from .quantize import block_linears, check_quantize
 
-        check_quantize(quantize)
+        if quantize is not None:
+            check_quantize(quantize)
         if not path.is_file():
             raise ValueError(f"{directory} is not a tinygpt checkpoint: {WEIGHTS_FILE} is missing")
         with torch.device("meta"):
-            quantized = {f"{name}.weight" for name in block_linears(GPTModel(config))}
-        return model_from_tensors(config, read_safetensors(path, quantized.__contains__), source=path,
-                                  quantize=quantize, device=device, dtype=dtype)
+            converted = {f"{name}.weight" for name in block_linears(GPTModel(config))}
+        if weights != "float32" and not config.tie_weights:
+            converted.add(_TIED_KEY)  # the head's own weight (a tied head's is the embedding, which stays)
+        return model_from_tensors(config, read_safetensors(path, converted.__contains__), source=path,
+                                  quantize=quantize, weights=weights, device=device, dtype=dtype)
     state = _read_weights(path, expected, str(device))
     return model_from_state_dict(config, state, source=path, device=device, dtype=dtype)
 

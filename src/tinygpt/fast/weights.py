@@ -153,11 +153,18 @@ def plain_weights(model: nn.Module) -> int:
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] float -> (q [out, in] int8, scale [out] float32): per output channel, symmetric,
-    scale = absmax / 127 (1 for an all-zero channel), q = round(weight / scale) in [-127, 127]."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1) / 127.0  # [out]
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    scale = absmax / 127 (1 for an all-zero channel), q = round(weight / scale) in [-127, 127]. A few rows at a time,
+    so the float32 temporaries stay small beside the weight (a loader converting weight after weight would
+    otherwise leave the allocator holding several copies of the largest one)."""
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    step = max(1, (1 << 16) // max(1, weight.shape[1]))  # rows per chunk: 256 KiB of float32
+    for start in range(0, weight.shape[0], step):
+        w = weight[start:start + step].detach().float()
+        s = w.abs().amax(dim=1) / 127.0  # [rows]
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        q[start:start + step] = torch.round(w / s[:, None]).clamp(-127, 127)
+        scale[start:start + step] = s
     return q, scale
 
 

@@ -6,13 +6,15 @@ ones), or for an embedding row (``Row.pooling``) the final hidden states the hea
 ``draw`` turns one row's logits into its next token with the row's own settings and generator, so a row's tokens
 never depend on its neighbours; ``verify`` checks a row's draft (speculative decoding).
 
-With ``compile``, a forward whose rows all decode (one token each, no LoRA adapters) runs the model through
-``torch.compile`` (inductor; ``dynamic=True``, so a row's growing key count and the batch size do not recompile;
-a new layout of decode groups does, up to dynamo's limit, after which that layout runs eager). On a small model a
-decode step's time is mostly the fixed cost of some 15 operations per layer, which inductor fuses; prompts and
-spans stay eager, their shapes vary too much to pay for compiling. Where compiling a model fails (no C++
-compiler, a weight type inductor cannot lower), it says why once on stderr and that model decodes eager from then
-on, in every engine.
+With ``compile``, a forward whose rows all decode in one group (one token each, keys padded to one length, no
+padding tokens, no LoRA adapters) runs the model through ``torch.compile`` (inductor; ``dynamic=True``, so a row's
+growing key count and the batch size do not recompile; one row is a graph of its own, whose products are
+``fast.one_row``'s loops). Other layouts stay eager: each count of decode groups or padding spans would be a
+graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and prompts
+vary too much to pay for compiling. On a small model a decode step's time is mostly the fixed cost of some 15
+operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
+one-row loops read faster than the library kernels. Where compiling a model fails (no C++ compiler, a weight type
+inductor cannot lower), it says why once on stderr and that model decodes eager from then on, in every engine.
 """
 
 from __future__ import annotations
@@ -84,9 +86,9 @@ class ModelRunner:
             plain_weights(model)
             self.compiled = torch.compile(model, dynamic=True, options={"realize_acc_reads_threshold": 1})
 
-    def _model_for(self, slices: Sequence[RowSlice]) -> Any:
+    def _model_for(self, slices: Sequence[RowSlice], batch: Any) -> Any:
         if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
-                or any(s.length != 1 for s in slices)):
+                or any(s.length != 1 for s in slices) or len(batch.decode_groups) != 1 or batch.spans):
             return self.model
         return self.compiled
 
@@ -115,7 +117,7 @@ class ModelRunner:
         embedding = [plan[i][0].pooling is not None for i in order for _ in slices[i].logits]  # per output
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
             if not any(embedding):
-                logits = self._run_model(self._model_for(slices), idx, batch)  # [M, V]: only the tokens that need them
+                logits = self._run_model(self._model_for(slices, batch), idx, batch)  # [M, V]: only the tokens that need them
             else:  # the forward's two halves (``GPTModel.forward``), so embedding rows keep their hidden states
                 states = self.cache.head_input(self.model.hidden_states(idx, cache=self.cache, pos=batch))[0]  # [M, D]
                 head = torch.tensor([not e for e in embedding], device=self.device)  # [M]

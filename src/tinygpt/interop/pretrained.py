@@ -50,8 +50,9 @@ def load_pretrained(
     file or an adapter folder is built in float first, then quantised.
 
     ``weights`` (``fast.weights.WEIGHT_TYPES``): the block linears and the head in bfloat16 or int8 for inference. A
-    GGUF file is read straight into them (``interop.gguf_weights``: no float32 copy of those weights); anything
-    else is loaded, then converted (``convert_weights``)."""
+    GGUF file (``interop.gguf_weights``) and a tinygpt checkpoint (``checkpoint.model_from_tensors``) are read
+    straight into them, never as a whole float32 model; anything else is loaded, then converted
+    (``convert_weights``)."""
     from .peft import is_adapter
 
     from ..fast.weights import check_weight_type, convert_weights
@@ -82,7 +83,9 @@ def load_pretrained(
         model, tokenizer, _ = load_gguf(source, dtype=dtype, weights=direct)
         model = _quantized(model.to(device), quantize)
     elif Path(source).is_dir() and is_tinygpt_checkpoint(source):
-        model = load_model(source, device=device, dtype=dtype, quantize=quantize)
+        # read straight into the small type on a CPU, as a GGUF file is; elsewhere converted below
+        model = load_model(source, device=device, dtype=dtype, quantize=quantize,
+                           weights=weights if torch.device(device).type == "cpu" else "float32")
         if tokenizer_dir is None:
             tokenizer = load_checkpoint_tokenizer(source)
     else:
