@@ -140,7 +140,7 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
     most = max(clients)
     folder = gguf.parent / f"tinygpt-{kind}"
     save_model(model, folder, tokenizer=tokenizer)
-    texts = make_prompts(tokenizer, 2 * most * repeats * len(clients) + 8, 16, 48)
+    texts = make_prompts(tokenizer, 4 * sum(clients) * (repeats + 1) + 8, 16, 48)  # every request its own prompt
     port = free_port()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the tinygpt server's threads (read at its start)
     ours = ServerProcess("tinygpt serve", [sys.executable, "-m", "tinygpt", "serve", "--model", str(folder),
@@ -161,8 +161,9 @@ def serve_phases(binary: Path, model: GPTModel, tokenizer: Tokenizer, gguf: Path
         context = min(model.config.context_length, max(512, 64 + decode))  # a slot holds a prompt and its answer
         with llama_server(binary, gguf, threads=threads, context=context, parallel=most) as theirs:
             # a new connection per request for both servers: llama-server closes kept-alive connections itself
-            for url in (ours.url, theirs):  # warm-up
-                asyncio.run(load(url, bodies(2), seconds=300, keepalive=False))
+            for url in (ours.url, theirs):  # warm-up at each client count (a compiled server compiles per layout)
+                for count in clients:
+                    asyncio.run(load(url, bodies(count), seconds=600, keepalive=False))
             for r in range(repeats):
                 for name in (("tinygpt", "llama") if r % 2 == 0 else ("llama", "tinygpt")):
                     for count in clients:

@@ -1,7 +1,6 @@
 import json
 import pickle
 import struct
-import subprocess
 import sys
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import variant_configs
+from memory_support import load_growth
 from tinygpt import GPTConfig, GPTModel
 from tinygpt.checkpoint import load_checkpoint_tokenizer, load_model, model_from_tensors, read_safetensors, save_model
 from tinygpt.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_tokenizer
@@ -449,29 +449,6 @@ def test_load_model_small_weights_refuse_what_they_cannot_take(tmp_path):
         load_model(tmp_path / "m", weights="int8", dtype=torch.float16)
 
 
-_PEAK_CHILD = r"""
-import json, sys, torch
-torch.set_num_threads(1)
-from tinygpt.checkpoint import load_model
-from tinygpt.fast.weights import convert_weights
-def load(path):
-    if how == "float32-then-convert":
-        model = load_model(path)
-        convert_weights(model, "bfloat16")
-        return model
-    return load_model(path, weights=how)
-def status(key):
-    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
-how, tiny, path = sys.argv[1:]
-load(tiny)  # the code's one-time costs (lazy imports, torch's first module build), not the weights'
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset VmHWM to the present resident size
-before = status("VmRSS:")
-model = load(path)
-print(json.dumps({"grew": status("VmHWM:") - before}))
-"""
-
-
 @pytest.mark.slow  # a 28 M-weight checkpoint and four fresh interpreters
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
 def test_small_weights_load_peak_memory_stays_under_the_float32_block_weights(tmp_path):
@@ -486,12 +463,8 @@ def test_small_weights_load_peak_memory_stays_under_the_float32_block_weights(tm
     save_model(model, tmp_path / "m")
     save_model(GPTModel(config.replace(emb_dim=16, n_heads=2, n_layers=1)), tmp_path / "tiny")
     del model
-    grew = {}
-    for how in ("bfloat16", "int8", "float32-then-convert"):
-        out = subprocess.run([sys.executable, "-c", _PEAK_CHILD, how, str(tmp_path / "tiny"), str(tmp_path / "m")],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        grew[how] = json.loads(out.stdout.splitlines()[-1])["grew"]
+    grew = {how: load_growth("checkpoint", how, tmp_path / "tiny", tmp_path / "m")
+            for how in ("bfloat16", "int8", "float32-then-convert")}
     # seen: int8 41 MB, bfloat16 93 MB (its 57 MB, the read buffer, the copy oneDNN packs), float32 blocks 113 MB
     assert grew["int8"] < 0.5 * float32_blocks and grew["bfloat16"] < 0.9 * float32_blocks, grew
     assert float32_blocks <= grew["float32-then-convert"], grew

@@ -59,3 +59,22 @@ def test_the_compiled_one_row_step_gives_the_eager_tokens_with_each_weight_type(
         ref = model(one)
         got = torch.compile(model, options={"realize_acc_reads_threshold": 1})(one)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 if weight_type == "float32" else 1e-2 * float(ref.abs().max()))
+
+
+@pytest.mark.slow
+def test_a_compiled_batch_of_rows_with_int8_weights_decodes_compiled():
+    # Widths that are multiples of 16 take torch's int8 kernel, whose own inductor lowering failed on a batch of
+    # rows (and a failure sends the model eager for good, its one-row steps too): the kernel is an opaque op there.
+    from tinygpt import GPTConfig, GPTModel
+    from tinygpt.inference import runner
+
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("inductor's CPU backend needs a C++ compiler (g++ or c++ on PATH)")
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=61, context_length=32, emb_dim=32, n_heads=2, n_layers=2)).eval()
+    convert_weights(model, "int8")
+    prompts = [[3, 1, 4, 1], [5, 9, 2, 6]]  # the same length: one decode group, every step compiled
+    eager = generate(model, prompts, max_new_tokens=5).rows()
+    assert generate(model, prompts, max_new_tokens=5, compile=True).rows() == eager
+    assert generate(model, prompts[:1], max_new_tokens=5, compile=True).rows() == eager[:1]
+    assert model not in runner._COMPILE_FAILED

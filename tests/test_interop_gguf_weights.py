@@ -4,14 +4,13 @@ float32 load converted afterwards, its logits stay near float32's, the commands 
 stays under the float32 block weights (a subprocess's VmHWM)."""
 
 import copy
-import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 
+from memory_support import load_growth
 from tinygpt import GPTConfig, GPTModel
 from tinygpt.cli import main
 from tinygpt.fast.weights import Bf16Linear, Int8Linear, convert_weights, quantize_int8
@@ -122,30 +121,6 @@ def test_generate_reads_the_gguf_straight_into_the_weight_type(tmp_path, capsys,
     assert calls == ["bfloat16", "int8"]
 
 
-_CHILD = r"""
-import json, sys, torch
-torch.set_num_threads(1)
-from tinygpt.interop.gguf import load_gguf
-from tinygpt.fast.weights import convert_weights
-def load(path):
-    if how == "float32-then-convert":
-        model = load_gguf(path)[0]
-        convert_weights(model, "bfloat16")
-        return model
-    return load_gguf(path, weights=how)[0]
-def status(key):
-    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
-how, tiny, path = sys.argv[1:]
-load(tiny)  # the code's one-time costs (lazy imports, torch's first module build: ~70 MB), not the weights'
-# VmHWM, not ru_maxrss: the latter keeps the parent's resident size across fork + exec (pytest's, here)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset VmHWM to the present resident size
-before = status("VmRSS:")
-model = load(path)
-print(json.dumps({"grew": status("VmHWM:") - before}))
-"""
-
-
 @pytest.mark.slow  # a 28 M-weight file and two fresh interpreters
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
 def test_direct_load_peak_memory_stays_under_the_float32_block_weights(tmp_path):
@@ -157,10 +132,6 @@ def test_direct_load_peak_memory_stays_under_the_float32_block_weights(tmp_path)
     write_gguf(model, tmp_path / "m.gguf", type="f16")
     write_gguf(_model(), tmp_path / "tiny.gguf", type="f16")
     del model
-    grew = {}
-    for how in ("bfloat16", "float32-then-convert"):
-        out = subprocess.run([sys.executable, "-c", _CHILD, how, str(tmp_path / "tiny.gguf"), str(tmp_path / "m.gguf")],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        grew[how] = json.loads(out.stdout.splitlines()[-1])["grew"]
+    grew = {how: load_growth("gguf", how, tmp_path / "tiny.gguf", tmp_path / "m.gguf")
+            for how in ("bfloat16", "float32-then-convert")}
     assert grew["bfloat16"] < 0.75 * float32_blocks < float32_blocks <= grew["float32-then-convert"], grew

@@ -15,7 +15,9 @@ only the products read the smaller weights.
   weight. The input is rounded to bf16 first (that kernel is fastest with bf16 input on CPU).
 
 A GGUF file's f16 / bf16 / q8_0 tensors are read straight into these types, never as a float32 model
-(``interop.gguf_weights``). Inference only: a converted model refuses to train (its linears have no float weight to
+(``interop.gguf_weights``), and so are a checkpoint's float tensors (``checkpoint.model_from_tensors``). Inside a
+compiled decode step a one-row product is ``fast.one_row``'s loop over the stored weight instead of these kernels
+(``plain_weights`` first lays packed bf16 weights out plain for it). Inference only: a converted model refuses to train (its linears have no float weight to
 update). Measured by ``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
 """
 
@@ -136,8 +138,23 @@ class Int8Linear(_InferenceLinear):
         if x.device.type == "cpu" and self.in_features % 16 == 0:
             # torch's CPU kernel reads the input 16 values at a time: on other widths it crashed or summed wrongly
             # (seen with torch 2.13), so those take the plain route below
+            if torch.compiler.is_compiling():  # inductor's own lowering of the kernel failed on rows > 1
+                return int8_weight_mm(x, self.qweight, scale)
             return torch._weight_int8pack_mm(x, self.qweight, scale)
         return (F.linear(x.float(), self.qweight.float()) * scale.float()).to(torch.bfloat16)
+
+
+@torch.library.custom_op("tinygpt::int8_weight_mm", mutates_args=())
+def int8_weight_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, in] bf16 @ qweight [out, in] int8 ^T * scale [out] -> [M, out] bf16: torch's ``_weight_int8pack_mm``
+    as one op that a compiled step calls as it is (inductor's lowering of it failed here on a batch of rows:
+    ``LoweringException: AssertionError``, torch 2.13)."""
+    return torch._weight_int8pack_mm(x, qweight, scale)
+
+
+@int8_weight_mm.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], qweight.shape[0])
 
 
 def plain_weights(model: nn.Module) -> int:
