@@ -316,17 +316,21 @@ def run_decode(repeats: int, models: Sequence[str], weights: Sequence[str], row_
                 outputs: dict[str, torch.Tensor] = {}
 
                 def decode(variant: str, swap: Callable[[], contextlib.AbstractContextManager],
-                           compiled: bool = False) -> Callable[[], None]:
+                           compiled: GPTModel | None = None) -> Callable[[], None]:
                     def call() -> None:
                         with swap():
-                            outputs[variant] = generate(model, prompts, max_new_tokens=steps, compile=compiled).tokens
+                            outputs[variant] = generate(compiled or model, prompts, max_new_tokens=steps,
+                                                        compile=compiled is not None).tokens
 
                     return call
 
                 variants = {"A (before)": decode("A", _decode_before), "B (lean step)": decode("B", contextlib.nullcontext)}
                 start_up = None
                 if compile:
-                    variants["C (lean + compile)"] = decode("C", contextlib.nullcontext, compiled=True)
+                    # its own copy (the same weights): compiling lays bf16 weights out plain (``plain_weights``)
+                    twin = build_tinygpt(config)
+                    convert_weights(twin, weight_type)
+                    variants["C (lean + compile)"] = decode("C", contextlib.nullcontext, compiled=twin)
                     start = time.perf_counter()
                     variants["C (lean + compile)"]()
                     start_up = time.perf_counter() - start
