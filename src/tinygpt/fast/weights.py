@@ -17,8 +17,9 @@ only the products read the smaller weights.
 A GGUF file's f16 / bf16 / q8_0 tensors are read straight into these types, never as a float32 model
 (``interop.gguf_weights``), and so are a checkpoint's float tensors (``checkpoint.model_from_tensors``). Inside a
 compiled decode step a one-row product is ``fast.one_row``'s loop over the stored weight instead of these kernels
-(``plain_weights`` first lays packed bf16 weights out plain for it). Inference only: a converted model refuses to train (its linears have no float weight to
-update). Measured by ``python -m benchmarks.weights`` (and beside llama.cpp by ``python -m benchmarks.llamacpp``).
+(``plain_weights`` first lays packed bf16 weights out plain for it). Inference only: a converted model refuses to
+train (its linears have no float weight to update). Measured by ``python -m benchmarks.weights`` (and beside
+llama.cpp by ``python -m benchmarks.llamacpp``; the products alone by ``python -m benchmarks.decode_bound``).
 """
 
 from __future__ import annotations
@@ -159,9 +160,9 @@ def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tens
 
 def plain_weights(model: nn.Module) -> int:
     """Before the decode step is compiled: ``Bf16Linear`` weights out of oneDNN's packed layout, which inductor cannot
-    read, back into the plain [out, in] one that the compiled step's one-row loops read (``one_row``: at gpt2-small
-    they make 1.4x the tokens/s of the packed kernel called from the compiled step). Prompts and batched steps then
-    run oneDNN on the plain weight, which it packs per call. Returns how many were laid out again."""
+    read, back into the plain [out, in] one that the compiled step's one-row loops read (``fast.one_row``; they read
+    faster than the packed kernel: ``benchmarks.decode_bound``). Prompts and batched steps then run oneDNN on the
+    plain weight, which it packs per call. Returns how many were laid out again."""
     layers = [m for m in model.modules() if isinstance(m, Bf16Linear) and m.packed]
     for layer in layers:
         layer.unpack()

@@ -80,7 +80,7 @@ class ModelRunner:
         # ``realize_acc_reads_threshold=1``: inductor keeps every computed input in a buffer of its own instead of
         # recomputing it inside the loop that reads it. A decode step's activations are a few rows, so the buffers
         # cost nothing, while a norm's output recomputed once per output channel of the product after it made
-        # the one-row products compute-bound (``Int8Linear``: 44 against 80 tok/s at gpt2-small).
+        # the one-row products compute-bound (the compiled int8 step was slower than the eager one).
         self.compiled: Any = None  # the decode steps' model
         if compile and model not in _COMPILE_FAILED:
             plain_weights(model)
@@ -117,7 +117,8 @@ class ModelRunner:
         embedding = [plan[i][0].pooling is not None for i in order for _ in slices[i].logits]  # per output
         with adapters_of(self.model, [plan[i] for i in order], batch.num_tokens):
             if not any(embedding):
-                logits = self._run_model(self._model_for(slices, batch), idx, batch)  # [M, V]: only the tokens that need them
+                model = self._model_for(slices, batch)
+                logits = self._run_model(model, idx, batch)  # [M, V]: only the tokens that need them
             else:  # the forward's two halves (``GPTModel.forward``), so embedding rows keep their hidden states
                 states = self.cache.head_input(self.model.hidden_states(idx, cache=self.cache, pos=batch))[0]  # [M, D]
                 head = torch.tensor([not e for e in embedding], device=self.device)  # [M]
