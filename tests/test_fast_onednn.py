@@ -9,6 +9,19 @@ from tinygpt import fast
 from tinygpt.fast import Linear, linear, onednn
 
 
+def _spy_kernel(monkeypatch) -> list[tuple[int, ...]]:
+    """Replace the oneDNN kernel by ``F.linear`` that records each call's weight shape (so machines without oneDNN
+    test the route choice too); returns the list it fills."""
+    calls: list[tuple[int, ...]] = []
+
+    def spy(x, weight, bias, *attrs):
+        calls.append(tuple(weight.shape))
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(onednn, "KERNEL", spy)
+    return calls
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (2, 3), (4, 32), (3, 100)])  # 1 row (decoding) .. 300 rows
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_equals_f_linear(shape, with_bias):
@@ -86,13 +99,7 @@ def test_linear_takes_the_onednn_path_only_for_inference_in_float32(monkeypatch)
 def test_training_through_a_frozen_weight_takes_onednn_both_ways_with_f_linear_gradients(monkeypatch, with_bias):
     # LoRA's base: the weight and bias are frozen, the input needs its gradient. The forward and the backward's
     # dL/dx = dL/dy W run on the kernel (a spy here, so machines without oneDNN test the choice too).
-    calls = []
-
-    def spy(x, weight, bias, *attrs):
-        calls.append(tuple(weight.shape))
-        return torch.nn.functional.linear(x, weight, bias)
-
-    monkeypatch.setattr(onednn, "KERNEL", spy)
+    calls = _spy_kernel(monkeypatch)
     module = Linear(16, 30, bias=with_bias).requires_grad_(False)
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16, requires_grad=True)
@@ -197,13 +204,7 @@ def test_the_trained_route_on_the_real_kernel_gives_f_linear_gradients(monkeypat
 
 
 def test_the_trained_route_is_taken_only_above_the_rule_and_when_switched_on(monkeypatch):
-    calls = []
-
-    def spy(x, weight, bias, *attrs):
-        calls.append(tuple(weight.shape))
-        return torch.nn.functional.linear(x, weight, bias)
-
-    monkeypatch.setattr(onednn, "KERNEL", spy)
+    calls = _spy_kernel(monkeypatch)
     module = Linear(16, 30)
     x = torch.randn(4, 16, requires_grad=True)
     module(x).sum().backward()  # 4 * 16 * 30 multiply-adds, below the rule: F.linear
@@ -248,13 +249,7 @@ def test_a_model_trained_on_the_route_gets_the_plain_gradients(monkeypatch):
 def test_inference_takes_onednn_only_from_the_weight_size_rule(monkeypatch):
     # A oneDNN call's fixed cost loses on small weights (``INFERENCE_MIN_WEIGHT``): those run on F.linear, at every
     # row count, and the result is F.linear's either way.
-    calls = []
-
-    def spy(x, weight, bias, *attrs):
-        calls.append(tuple(weight.shape))
-        return torch.nn.functional.linear(x, weight, bias)
-
-    monkeypatch.setattr(onednn, "KERNEL", spy)
+    calls = _spy_kernel(monkeypatch)
     monkeypatch.setattr(onednn, "INFERENCE_MIN_WEIGHT", 16 * 30)
     small, large = Linear(16, 29), Linear(16, 30)
     with torch.inference_mode():
