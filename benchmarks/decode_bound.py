@@ -10,7 +10,9 @@ the step's order):
 - ``library``: the products the eager step runs (``tinygpt.fast``: oneDNN for float32, oneDNN's packed bf16
   kernel, torch's ``_weight_int8pack_mm``), one call per weight;
 - ``compiled``: the one-row products of the compiled decode step (``tinygpt.fast.one_row``), all of a step's
-  products in one ``torch.compile`` graph, as the compiled step runs them.
+  products in one ``torch.compile`` graph, as the compiled step runs them;
+- ``read, huge pages`` and ``compiled, huge pages``: the same on a copy of the weights in 2 MiB pages
+  (``tinygpt.fast.pages``, where the compiled step's weights live), which spares a page-table walk every 4 KiB.
 
 Each row gives ms per step, GB/s and the tok/s ceiling the products alone put on a step (1 / their time); with
 ``--llama-tok-s TYPE=N,...`` (llama.cpp's tg128 on the paired GGUF file, e.g. from ``benchmarks.llamacpp``) also
@@ -31,6 +33,7 @@ from benchmarks.common import format_table, run_and_report, time_interleaved
 from benchmarks.weights import QUICK, SHAPES
 from tinygpt.config import GPTConfig
 from tinygpt.fast.one_row import one_row_linear
+from tinygpt.fast.pages import huge_pages
 from tinygpt.fast.weights import Bf16Linear, Int8Linear
 
 TYPES = {"f32": "float32", "bf16": "bfloat16", "int8": "int8"}
@@ -63,17 +66,27 @@ def routes(kind: str, shapes: list[tuple[int, int]], seed: int = 0) -> tuple[int
         library = [lambda x, layer=layer: layer.product(x.to(torch.bfloat16)) for layer in int8]
     nbytes = sum(w.numel() * w.element_size() for w in stored)
 
-    def one_graph(x: torch.Tensor) -> list[torch.Tensor]:
+    def one_graph(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
         return [one_row_linear(x if w.shape[1] == x.shape[1] else x.repeat(1, w.shape[1] // x.shape[1]), w)
-                for w in stored]
+                for w in weights]
 
-    as_float32 = [w.view(torch.float32) for w in stored]  # the same bytes, summed as float32 (an int8 sum is slow)
+    holder = torch.nn.Module()  # a copy of the weights, moved into huge pages as a loaded model's are
+    for i, w in enumerate(stored):
+        holder.register_buffer(f"w{i}", w.clone())
+    huge_pages(holder)
+    in_huge = list(holder.buffers())
     compiled = torch.compile(one_graph, dynamic=False, options={"realize_acc_reads_threshold": 1})
     first = inputs[shapes[0][1]]
+
+    def read(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [w.view(torch.float32).sum() for w in weights]  # the bytes summed as float32 (an int8 sum is slow)
+
     return nbytes, {
-        "read": lambda: [w.sum() for w in as_float32],
+        "read": lambda: read(stored),
         "library": lambda: [fn(inputs[w.shape[1]]) for fn, w in zip(library, stored)],
-        "compiled": lambda: compiled(first),
+        "compiled": lambda: compiled(first, stored),
+        "read, huge pages": lambda: read(in_huge),
+        "compiled, huge pages": lambda: compiled(first, in_huge),
     }
 
 

@@ -42,6 +42,7 @@ import torch
 from benchmarks.common import format_table, run_and_report, shared_data_dir, time_interleaved
 from benchmarks.weights import SHAPES, agreement
 from tinygpt import GPTModel, generate
+from tinygpt.fast.pages import huge_pages
 from tinygpt.fast.weights import convert_weights
 from tinygpt.checkpoint import load_checkpoint_tokenizer
 from tinygpt.interop.gguf import write_gguf
@@ -199,6 +200,7 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             write_gguf(model, gguf, tokenizer, type=kind)
             ours = copy.deepcopy(model)
             convert_weights(ours, PAIRS[kind])
+            huge_pages(ours)  # as every inference command's loader does (interop.load_pretrained)
             theirs: list[dict[str, float]] = []
             with torch.inference_mode():
                 stats: dict[str, list[float]] = {"decode": [], "prompt": [], "compiled": []}

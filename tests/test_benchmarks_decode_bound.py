@@ -24,11 +24,12 @@ def test_quick_run_times_each_route_of_each_type(tmp_path, capsys):
     assert decode_bound.main(["--quick", "--llama-tok-s", "f32=100,int8=200", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
     assert [(r["weights"], r["route"]) for r in rows] == [(t, r) for t in ("f32", "bf16", "int8")
-                                                          for r in ("read", "library", "compiled")]
+                                                          for r in ("read", "library", "compiled", "read, huge pages",
+                                                                    "compiled, huge pages")]
     params = sum(o * i for o, i in decode_bound.step_shapes(QUICK["quick"]))
     assert {r["weights"]: round(r["mb"] * 1e6) for r in rows} == {"f32": 4 * params, "bf16": 2 * params,
                                                                   "int8": params}
-    assert all(r["gb_s"] > 0 for r in rows) and "ceiling_share" in rows[0] and "ceiling_share" not in rows[3]
+    assert all(r["gb_s"] > 0 for r in rows) and "ceiling_share" in rows[0] and "ceiling_share" not in rows[5]
     assert "ceiling / llama.cpp" in capsys.readouterr().out
 
 

@@ -72,6 +72,20 @@ def test_compile_runs_only_the_decode_forwards_compiled(monkeypatch):
     assert calls == []  # off by default
 
 
+def test_compiling_moves_the_weights_into_huge_pages_first(monkeypatch):
+    from tinygpt.fast import pages
+
+    if not pages.supported():
+        pytest.skip("madvise(MADV_HUGEPAGE) is Linux's")
+    monkeypatch.setattr(pages, "MIN_BYTES", 0)  # the tiny model's tensors count too
+    model = variant_model("gpt2")
+    _spy_compile(monkeypatch)
+    generate(model, PROMPTS[:1], max_new_tokens=2)
+    assert not any(pages.in_huge_pages(p) for p in model.parameters())  # eager: left where they are
+    generate(model, PROMPTS[:1], max_new_tokens=2, compile=True)
+    assert all(pages.in_huge_pages(p) for p in model.parameters())
+
+
 def test_a_compile_that_fails_says_so_once_and_decodes_eager(monkeypatch, capsys):
     model = variant_model("gpt2")
     _spy_compile(monkeypatch, fail=True)

@@ -15,6 +15,8 @@ vary too much to pay for compiling. On a small model a decode step's time is mos
 operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
 one-row loops read faster than the library kernels. Where compiling a model fails (no C++ compiler, a weight type
 inductor cannot lower), it says why once on stderr and that model decodes eager from then on, in every engine.
+Before compiling, the weights move into huge pages (``fast.pages``): the one-row loops read them at the memory's
+pace only without a page-table walk every 4 KiB.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 
 from .kv_cache import PagedKVCache
+from ..fast.pages import huge_pages
 from ..fast.weights import plain_weights
 from ..multi_lora import use_adapters
 from ..sampling import next_tokens
@@ -84,6 +87,7 @@ class ModelRunner:
         self.compiled: Any = None  # the decode steps' model
         if compile and model not in _COMPILE_FAILED:
             plain_weights(model)
+            huge_pages(model)  # the plain weights are new tensors; a loaded model's others are there already
             self.compiled = torch.compile(model, dynamic=True, options={"realize_acc_reads_threshold": 1})
 
     def _model_for(self, slices: Sequence[RowSlice], batch: Any) -> Any:

@@ -52,9 +52,10 @@ def load_pretrained(
     ``weights`` (``fast.weights.WEIGHT_TYPES``): the block linears and the head in bfloat16 or int8 for inference. A
     GGUF file (``interop.gguf_weights``) and a tinygpt checkpoint (``checkpoint.model_from_tensors``) are read
     straight into them, never as a whole float32 model; anything else is loaded, then converted
-    (``convert_weights``)."""
+    (``convert_weights``). On a CPU the weights end in huge pages (``fast.pages.huge_pages``)."""
     from .peft import is_adapter
 
+    from ..fast.pages import huge_pages
     from ..fast.weights import check_weight_type, convert_weights
 
     check_weight_type(weights)
@@ -71,6 +72,8 @@ def load_pretrained(
         model, tokenizer = load_adapted(source, base=base, tokenizer_dir=tokenizer_dir, device=device, dtype=dtype)
         model = _quantized(merged_model(model), quantize)
         convert_weights(model, weights)
+        if torch.device(device).type == "cpu":
+            huge_pages(model)
         return model, tokenizer
     if base is not None:
         raise ValueError(f"--base {base} applies to a LoRA adapter folder only, and {source} is not one "
@@ -95,6 +98,8 @@ def load_pretrained(
             tokenizer = tokenizer_from_dir(directory)
     if getattr(model, "weight_type", "float32") != weights:
         convert_weights(model, weights)
+    if torch.device(device).type == "cpu":
+        huge_pages(model)  # a decode step reads every weight: without a page-table walk each 4 KiB (fast.pages)
     if tokenizer_dir is not None:
         tokenizer = tokenizer_from_dir(tokenizer_dir)
     if tokenizer is None and model.config.vocab_size == GPT2_VOCAB_SIZE:
