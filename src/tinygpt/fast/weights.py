@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import int8_row
 from .one_row import one_row_compiled, one_row_linear
 
 WEIGHT_TYPES = ("float32", "bfloat16", "int8")
@@ -133,7 +134,9 @@ class Int8Linear(_InferenceLinear):
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""
-        if one_row_compiled(x):  # the int8 weights read once, converted in registers; rounded as the kernel below
+        if one_row_compiled(x):  # the int8 weights read once: in integers where the kernel is built (int8_row)
+            if int8_row.ready():
+                return int8_row.int8_row_mm(x.float(), self.qweight, self.scale).to(torch.bfloat16)
             return (one_row_linear(x, self.qweight) * self.scale).to(torch.bfloat16)
         scale = self.scale.to(torch.bfloat16)  # the kernel applies the scale in its input's dtype
         if x.device.type == "cpu" and self.in_features % 16 == 0:
