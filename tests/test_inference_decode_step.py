@@ -47,7 +47,8 @@ def _spy_compile(monkeypatch, fail: bool = False) -> list[int]:
     calls: list[int] = []
 
     def compile(model, **options):
-        assert options == {"dynamic": True, "options": {"realize_acc_reads_threshold": 1}}
+        assert options == {"dynamic": True, "options": {"realize_acc_reads_threshold": 1, "size_asserts": False,
+                                                        "scalar_asserts": False}}
 
         def compiled(idx, **kwargs):
             if fail:
@@ -122,6 +123,35 @@ def test_the_compiled_decode_step_gives_the_eager_tokens():
     eager = generate(model, [prompt], max_new_tokens=6).rows()
     assert generate(model, [prompt], max_new_tokens=6, compile=True).rows() == eager == [_offline(model, prompt, 6)]
     assert model not in runner._COMPILE_FAILED  # the compiled step really ran: no fallback to eager
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["gpt2", "gqa"])
+def test_compiled_rows_of_different_lengths_give_the_offline_tokens(variant, monkeypatch):
+    # Rows of 2-7 tokens decode together: one decode group whose keys are padded to the longest row, so the
+    # compiled step's attention (``one_query_attention``, sums in place of sdpa) runs under a padding mask; the
+    # gqa variant shares its key/value heads between query heads.
+    import shutil
+
+    from tinygpt.inference import runner
+
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("inductor's CPU backend needs a C++ compiler (g++ or c++ on PATH)")
+    torch.manual_seed(0)
+    model = variant_model(variant, dtype=torch.float32)
+    picked, model_for = [], runner.ModelRunner._model_for
+
+    def spy(self, slices, batch):
+        chosen = model_for(self, slices, batch)
+        picked.append((chosen is self.compiled, batch.decode_groups[0].mask is not None if batch.decode_groups
+                       else None))
+        return chosen
+
+    monkeypatch.setattr(runner.ModelRunner, "_model_for", spy)
+    rows = generate(model, PROMPTS, max_new_tokens=5, compile=True).rows()
+    assert rows == [_offline(model, p, 5) for p in PROMPTS]
+    assert model not in runner._COMPILE_FAILED
+    assert (True, True) in picked  # a compiled step ran rows padded under a mask
 
 
 def test_serve_compile_reaches_the_engine_and_its_rows_decode_the_offline_tokens(monkeypatch, one_thread):

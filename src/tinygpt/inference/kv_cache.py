@@ -186,6 +186,22 @@ class PagedKVCache:
         return x[:, self.batch.logits_at]
 
 
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` for one query per row, written as sums: q [G, H, 1, hd], k/v
+    [G, Hkv, L, hd] (H a multiple of Hkv: grouped-query heads share theirs), mask [G, 1, 1, L] bool (True: attend)
+    or None -> [G, H, 1, hd]. Inside a compiled decode step inductor turns this into a few fused loops, where sdpa
+    is an external call with a fixed cost per layer that a small model's step is mostly made of."""
+    if q.shape[1] != k.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = (q * k).sum(-1) * q.shape[-1] ** -0.5  # [G, H, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, 0], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # [G, H, L]
+    return (weights[..., None] * v).sum(-2)[:, :, None]  # [G, H, 1, hd]
+
+
 class PagedLayerCache:
     """One layer's slice of the pool: keys and values [slots, Hkv, hd]."""
 
@@ -221,7 +237,10 @@ class PagedLayerCache:
             keys, values = self.read(group.keys)  # [G, Hkv, L, hd]
             queries = q[0, :, offset:offset + group.rows].transpose(0, 1).unsqueeze(2)  # [G, H, 1, hd]
             mask = None if group.mask is None else group.mask[:, None, None, :]  # [G, 1, 1, L]
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
+            if torch.compiler.is_compiling():  # a compiled decode step: sums that inductor fuses, not an extern call
+                out = one_query_attention(queries, keys, values, mask)
+            else:
+                out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
             parts.append(out.squeeze(2).transpose(0, 1).unsqueeze(0))  # [1, H, G, hd]
             offset += group.rows
         for span in batch.spans:

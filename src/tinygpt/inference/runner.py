@@ -72,6 +72,15 @@ def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens:
     return use_adapters(model, [index + [-1] * (num_tokens - len(index))])  # [1, N], as the packed ids
 
 
+# How the runner compiles a decode step (``torch.compile(..., options=COMPILE_OPTIONS)``).
+# ``realize_acc_reads_threshold=1``: inductor keeps every computed input in a buffer of its own instead of
+# recomputing it inside the loop that reads it. A decode step's activations are a few rows, so the buffers cost
+# nothing, while a norm's output recomputed once per output channel of the product after it made the one-row
+# products compute-bound (the compiled int8 step was slower than the eager one).
+# ``size_asserts`` / ``scalar_asserts`` off: the compiled step's Python wrapper otherwise re-checks the size and
+# strides of every input on every call, which dynamo's guards have just checked (on a small model, a visible
+# share of the step: ``benchmarks.llamacpp --shape train-default --compile``).
+COMPILE_OPTIONS = {"realize_acc_reads_threshold": 1, "size_asserts": False, "scalar_asserts": False}
 _COMPILE_FAILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose compile failed: eager for good
 
 
@@ -81,17 +90,13 @@ class ModelRunner:
     def __init__(self, model: nn.Module, cache: PagedKVCache, *, compile: bool = False) -> None:
         self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
-        # ``realize_acc_reads_threshold=1``: inductor keeps every computed input in a buffer of its own instead of
-        # recomputing it inside the loop that reads it. A decode step's activations are a few rows, so the buffers
-        # cost nothing, while a norm's output recomputed once per output channel of the product after it made
-        # the one-row products compute-bound (the compiled int8 step was slower than the eager one).
         self.compiled: Any = None  # the decode steps' model
         if compile and model not in _COMPILE_FAILED:
             plain_weights(model)
             huge_pages(model)  # the plain weights are new tensors; a loaded model's others are there already
             if any(isinstance(m, Int8Linear) for m in model.modules()):
                 int8_row.load()  # built before tracing: the compiled one-row int8 products call it
-            self.compiled = torch.compile(model, dynamic=True, options={"realize_acc_reads_threshold": 1})
+            self.compiled = torch.compile(model, dynamic=True, options=COMPILE_OPTIONS)
 
     def _model_for(self, slices: Sequence[RowSlice], batch: Any) -> Any:
         if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
