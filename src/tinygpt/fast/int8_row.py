@@ -13,7 +13,8 @@ the bf16 input of the eager kernel wherever an entry is within 1/256 of the row'
 The kernel is built once per machine by inductor's own C++ toolchain and cache (``torch._inductor``'s
 ``CppCodeCache``, which a compiled step needs anyway) with ``-march=native``; ``load()`` says once on stderr why
 it is not used where it cannot be built or the CPU lacks AVX512BW, and the compiled step then keeps the float
-loop. ``int8_row_mm`` is a torch custom op, so inductor calls it as an opaque kernel inside the compiled graph.
+loop. ``int8_row_mm`` is a torch custom op, so inductor calls it as an opaque kernel inside the compiled graph;
+``Int8Linear`` takes it for weights of at least ``MIN_WEIGHTS`` entries.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ extern "C" void tinygpt_int8_row(const float* x, const int8_t* q, const float* s
 extern "C" int tinygpt_int8_row_available(void) { return TINYGPT_HAVE_KERNEL; }
 """
 
+# The op's fixed cost per call (the custom op's dispatch, ctypes, the output's allocation) is what the kernel saves
+# on about a megabyte of weights: smaller weights stay in inductor's loop, fused with their neighbours.
+MIN_WEIGHTS = 1 << 20
 _STATE: dict[str, Any] = {"tried": False, "lib": None}
 
 

@@ -135,7 +135,7 @@ class Int8Linear(_InferenceLinear):
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""
         if one_row_compiled(x):  # the int8 weights read once: in integers where the kernel is built (int8_row)
-            if int8_row.ready():
+            if int8_row.ready() and self.qweight.numel() >= int8_row.MIN_WEIGHTS:
                 return int8_row.int8_row_mm(x.float(), self.qweight, self.scale).to(torch.bfloat16)
             return (one_row_linear(x, self.qweight) * self.scale).to(torch.bfloat16)
         scale = self.scale.to(torch.bfloat16)  # the kernel applies the scale in its input's dtype
