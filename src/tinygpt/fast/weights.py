@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import int8_row
+from . import row_kernels
 from .one_row import one_row_compiled, one_row_linear
 
 WEIGHT_TYPES = ("float32", "bfloat16", "int8")
@@ -101,7 +101,9 @@ class Bf16Linear(_InferenceLinear):
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16."""
-        if one_row_compiled(x) and not self.packed:
+        if one_row_compiled(x) and not self.packed:  # read at the memory's rate by a kernel where it is built
+            if row_kernels.ready() and self.weight.numel() >= row_kernels.MIN_WEIGHTS:
+                return row_kernels.bf16_row_mm(x.float(), self.weight).to(torch.bfloat16)
             return one_row_linear(x, self.weight).to(torch.bfloat16)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
@@ -134,9 +136,9 @@ class Int8Linear(_InferenceLinear):
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out] bf16: (x @ q^T) * scale, the int8 weights read as they are stored."""
-        if one_row_compiled(x):  # the int8 weights read once: in integers where the kernel is built (int8_row)
-            if int8_row.ready() and self.qweight.numel() >= int8_row.MIN_WEIGHTS:
-                return int8_row.int8_row_mm(x.float(), self.qweight, self.scale).to(torch.bfloat16)
+        if one_row_compiled(x):  # the int8 weights read once: in integers where the kernel is built (row_kernels)
+            if row_kernels.ready() and self.qweight.numel() >= row_kernels.MIN_WEIGHTS:
+                return row_kernels.int8_row_mm(x.float(), self.qweight, self.scale).to(torch.bfloat16)
             return (one_row_linear(x, self.qweight) * self.scale).to(torch.bfloat16)
         scale = self.scale.to(torch.bfloat16)  # the kernel applies the scale in its input's dtype
         if x.device.type == "cpu" and self.in_features % 16 == 0:

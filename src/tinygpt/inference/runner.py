@@ -31,8 +31,8 @@ from torch import nn
 
 from .kv_cache import PagedKVCache
 from ..fast.pages import huge_pages
-from ..fast import int8_row
-from ..fast.weights import Int8Linear, plain_weights
+from ..fast import row_kernels
+from ..fast.weights import Bf16Linear, Int8Linear, plain_weights
 from ..multi_lora import use_adapters
 from ..sampling import next_tokens
 from .batch import RowSlice, build_batch, pack_order
@@ -94,8 +94,8 @@ class ModelRunner:
         if compile and model not in _COMPILE_FAILED:
             plain_weights(model)
             huge_pages(model)  # the plain weights are new tensors; a loaded model's others are there already
-            if any(isinstance(m, Int8Linear) for m in model.modules()):
-                int8_row.load()  # built before tracing: the compiled one-row int8 products call it
+            if any(isinstance(m, (Bf16Linear, Int8Linear)) for m in model.modules()):
+                row_kernels.load()  # built before tracing: the compiled one-row bf16 and int8 products call them
             self.compiled = torch.compile(model, dynamic=True, options=COMPILE_OPTIONS)
 
     def _model_for(self, slices: Sequence[RowSlice], batch: Any) -> Any:

@@ -1,0 +1,196 @@
+"""Two one-row products of a compiled decode step as small C++ kernels: bf16 weights and int8 weights.
+
+At batch 1 a decode step's time is its weights' bytes over the rate its loops read them. In 2 MiB pages
+(``fast.pages``) a plain read of gpt2-small's weights runs at about 30 GB/s on the AMD EPYC these figures came from,
+while inductor's loops over the same bytes (``fast.one_row``) reach about 25 (bf16) and 17 (int8)
+(``python -m benchmarks.decode_bound``):
+
+- bf16: inductor's loop keeps one float32 accumulator pair per output channel, so each row's sum waits on its own
+  additions. ``tinygpt_bf16_row`` keeps four (64 weights a step), and reads at the plain read's rate. Each
+  product of the bf16-rounded input and a bf16 weight is exact in float32; the sums are float32, in another order
+  than inductor's (equal up to float32 rounding).
+- int8: converting each weight to float32 costs more work per byte than the memory delivers bytes; integer
+  arithmetic halves it. The input row is rounded to int16 once per product (one scale for the row,
+  ``s = absmax / 32767``, ``xq = round(x / s)``, ties to even), each weight widened to int16, and AVX-512's
+  multiply-add of int16 pairs (``vpdpwssd`` where the CPU has AVX512_VNNI, ``vpmaddwd`` + add elsewhere) sums them
+  in int32 lanes, totalled in int64 (exact: no lane holds more than ``K / 64`` products of at most
+  ``127 * 32767``). The output channel is ``float(total) * s * scale``. An int16 input keeps more of the row than
+  the eager kernel's bf16 input wherever an entry is within 1/256 of the row's largest.
+
+The kernels are built once per machine by inductor's own C++ toolchain and cache (``torch._inductor``'s
+``CppCodeCache``, which a compiled step needs anyway) with ``-march=native``; ``load()`` says once on stderr why
+they are not used where they cannot be built or the CPU lacks AVX512BW, and the compiled step then keeps
+inductor's loops. ``bf16_row_mm`` and ``int8_row_mm`` are torch custom ops, so inductor calls them as opaque
+kernels inside the compiled graph; ``Bf16Linear`` and ``Int8Linear`` take them for weights of at least
+``MIN_WEIGHTS`` entries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+import torch
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define TINYGPT_HAVE_KERNEL 1
+
+static inline __m512i tinygpt_dot(__m512i acc, __m512i w16, __m512i x16) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, w16, x16);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w16, x16));
+#endif
+}
+
+static inline int64_t tinygpt_total(__m512i a) {
+    return _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)))
+         + _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
+}
+
+/* y[n] = float(sum_k xq[k] * q[n, k]) * s * scale[n], xq = round(x / s), s = absmax(x) / 32767 */
+extern "C" void tinygpt_int8_row(const float* x, const int8_t* q, const float* scale, float* y,
+                                 int64_t n, int64_t k) {
+    float absmax = 0.0f;
+    for (int64_t j = 0; j < k; j++) absmax = fmaxf(absmax, fabsf(x[j]));
+    const float s = absmax > 0.0f ? absmax / 32767.0f : 1.0f;
+    const int64_t padded = (k + 127) / 128 * 128;
+    int16_t* xq = (int16_t*)aligned_alloc(64, padded * sizeof(int16_t));
+    for (int64_t j = 0; j < k; j++) xq[j] = (int16_t)nearbyintf(x[j] / s);
+    memset(xq + k, 0, (padded - k) * sizeof(int16_t));
+    const int64_t body = k / 128 * 128;
+    for (int64_t r = 0; r < n; r++) {
+        const int8_t* w = q + r * k;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < body; j += 128) {
+            __m512i w0 = _mm512_loadu_si512(w + j), w1 = _mm512_loadu_si512(w + j + 64);
+            a0 = tinygpt_dot(a0, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w0)), _mm512_load_si512(xq + j));
+            a1 = tinygpt_dot(a1, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w0, 1)), _mm512_load_si512(xq + j + 32));
+            a2 = tinygpt_dot(a2, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w1)), _mm512_load_si512(xq + j + 64));
+            a3 = tinygpt_dot(a3, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w1, 1)), _mm512_load_si512(xq + j + 96));
+        }
+        int64_t total = tinygpt_total(a0) + tinygpt_total(a1) + tinygpt_total(a2) + tinygpt_total(a3);
+        for (int64_t j = body; j < k; j++) total += (int64_t)xq[j] * (int64_t)w[j];
+        y[r] = (float)total * s * scale[r];
+    }
+    free(xq);
+}
+
+static inline __m512 tinygpt_widen(__m256i h) {  /* 16 bf16 -> 16 float32: the bits moved up 16 places */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* y[n] = sum_k x[k] * w[n, k], w bf16 (as uint16 bits), x float32, four accumulators of 16 lanes */
+extern "C" void tinygpt_bf16_row(const float* x, const uint16_t* q, float* y, int64_t n, int64_t k) {
+    const int64_t body = k / 64 * 64;
+    for (int64_t r = 0; r < n; r++) {
+        const uint16_t* w = q + r * k;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < body; j += 64) {
+            __m512i u = _mm512_loadu_si512(w + j), v = _mm512_loadu_si512(w + j + 32);
+            a0 = _mm512_fmadd_ps(tinygpt_widen(_mm512_castsi512_si256(u)), _mm512_loadu_ps(x + j), a0);
+            a1 = _mm512_fmadd_ps(tinygpt_widen(_mm512_extracti64x4_epi64(u, 1)), _mm512_loadu_ps(x + j + 16), a1);
+            a2 = _mm512_fmadd_ps(tinygpt_widen(_mm512_castsi512_si256(v)), _mm512_loadu_ps(x + j + 32), a2);
+            a3 = _mm512_fmadd_ps(tinygpt_widen(_mm512_extracti64x4_epi64(v, 1)), _mm512_loadu_ps(x + j + 48), a3);
+        }
+        float total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (int64_t j = body; j < k; j++) {
+            union { uint32_t bits; float value; } weight = {(uint32_t)w[j] << 16};
+            total += x[j] * weight.value;
+        }
+        y[r] = total;
+    }
+}
+#else
+#define TINYGPT_HAVE_KERNEL 0
+#endif
+
+extern "C" int tinygpt_row_kernels_available(void) { return TINYGPT_HAVE_KERNEL; }
+"""
+
+# An op's fixed cost per call (the custom op's dispatch, ctypes, the output's allocation) is what the kernel saves
+# on about a million weights: smaller weights stay in inductor's loops, fused with their neighbours.
+MIN_WEIGHTS = 1 << 20
+_STATE: dict[str, Any] = {"tried": False, "lib": None}
+
+
+def load() -> bool:
+    """Build (first time on this machine) and load the kernels; whether they can be used. Call it before tracing:
+    ``ready()`` is what a traced product asks."""
+    if not _STATE["tried"]:
+        _STATE["tried"] = True
+        try:
+            from torch._inductor.codecache import CppCodeCache
+
+            lib = CppCodeCache.load(SOURCE, extra_flags=("-march=native",))
+            if not lib.tinygpt_row_kernels_available():
+                raise RuntimeError("this CPU has no AVX512BW")
+            lib.tinygpt_int8_row.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+            lib.tinygpt_bf16_row.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
+            lib.tinygpt_int8_row.restype = lib.tinygpt_bf16_row.restype = None
+            _STATE["lib"] = lib
+        except Exception as err:  # no compiler, another ISA: the compiled step keeps inductor's float loop
+            print(f"tinygpt: the one-row kernels are not used ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0] if str(err) else ''}); compiled steps use inductor's loops",
+                  file=sys.stderr)
+    return _STATE["lib"] is not None
+
+
+def ready() -> bool:
+    """Whether ``load()`` has loaded the kernels (no build: safe inside a trace)."""
+    return _STATE["lib"] is not None
+
+
+def _loaded() -> Any:
+    if _STATE["lib"] is None:
+        raise RuntimeError("tinygpt.fast.row_kernels.load() has not loaded the kernels")
+    return _STATE["lib"]
+
+
+@torch.library.custom_op("tinygpt::bf16_row_mm", mutates_args=())
+def bf16_row_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [1, in] float32 @ weight [out, in] bf16 ^T -> [1, out] float32 (float32 sums, four accumulators)."""
+    x, weight = x.contiguous().float(), weight.contiguous()
+    n, k = weight.shape
+    y = torch.empty(1, n, dtype=torch.float32)
+    _loaded().tinygpt_bf16_row(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
+    return y
+
+
+@bf16_row_mm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1, weight.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("tinygpt::int8_row_mm", mutates_args=())
+def int8_row_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [1, in] float32 @ (qweight [out, in] int8 * scale [out] float32)^T -> [1, out] float32, the input
+    rounded to int16 (the module docstring)."""
+    lib = _loaded()
+    x, qweight, scale = x.contiguous().float(), qweight.contiguous(), scale.contiguous().float()
+    n, k = qweight.shape
+    y = torch.empty(1, n, dtype=torch.float32)
+    lib.tinygpt_int8_row(x.data_ptr(), qweight.data_ptr(), scale.data_ptr(), y.data_ptr(), n, k)
+    return y
+
+
+@int8_row_mm.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1, qweight.shape[0], dtype=torch.float32)
+
+
+def int8_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What ``int8_row_mm`` computes, in plain torch from the stored bytes (exact integer sums): for tests."""
+    x = x.reshape(-1).float()
+    absmax = x.abs().max()
+    s = absmax / 32767.0 if absmax > 0 else torch.tensor(1.0)
+    xq = torch.round(x / s).long()
+    total = (qweight.long() * xq[None]).sum(-1)  # [out], exact
+    return (total.float() * s * scale.float())[None]
