@@ -12,7 +12,9 @@ the step's order):
 - ``compiled``: the one-row products of the compiled decode step (``tinygpt.fast.one_row``), all of a step's
   products in one ``torch.compile`` graph, as the compiled step runs them;
 - ``read, huge pages`` and ``compiled, huge pages``: the same on a copy of the weights in 2 MiB pages
-  (``tinygpt.fast.pages``, where the compiled step's weights live), which spares a page-table walk every 4 KiB.
+  (``tinygpt.fast.pages``, where the compiled step's weights live), which spares a page-table walk every 4 KiB;
+- ``kernels, huge pages`` (bf16 and int8, where ``tinygpt.fast.row_kernels`` builds): the one-row kernels that a
+  compiled step calls for its large weights, here on every weight, one call each.
 
 Each row gives ms per step, GB/s and the tok/s ceiling the products alone put on a step (1 / their time); with
 ``--llama-tok-s TYPE=N,...`` (llama.cpp's tg128 on the paired GGUF file, e.g. from ``benchmarks.llamacpp``) also
@@ -33,6 +35,7 @@ from benchmarks.common import format_table, run_and_report, time_interleaved
 from benchmarks.weights import QUICK, SHAPES
 from tinygpt.config import GPTConfig
 from tinygpt.fast.one_row import one_row_linear
+from tinygpt.fast import row_kernels
 from tinygpt.fast.pages import huge_pages
 from tinygpt.fast.weights import Bf16Linear, Int8Linear
 
@@ -81,13 +84,21 @@ def routes(kind: str, shapes: list[tuple[int, int]], seed: int = 0) -> tuple[int
     def read(weights: list[torch.Tensor]) -> list[torch.Tensor]:
         return [w.view(torch.float32).sum() for w in weights]  # the bytes summed as float32 (an int8 sum is slow)
 
-    return nbytes, {
+    timed = {
         "read": lambda: read(stored),
         "library": lambda: [fn(inputs[w.shape[1]]) for fn, w in zip(library, stored)],
         "compiled": lambda: compiled(first, stored),
         "read, huge pages": lambda: read(in_huge),
         "compiled, huge pages": lambda: compiled(first, in_huge),
     }
+    if kind != "f32" and row_kernels.load():
+        rounded = {i: x.to(torch.bfloat16).float() for i, x in inputs.items()}  # as the layers round their input
+        if kind == "bf16":
+            timed["kernels, huge pages"] = lambda: [row_kernels.bf16_row_mm(rounded[w.shape[1]], w) for w in in_huge]
+        else:
+            timed["kernels, huge pages"] = lambda: [row_kernels.int8_row_mm(rounded[w.shape[1]], w, layer.scale)
+                                                    for w, layer in zip(in_huge, int8)]
+    return nbytes, timed
 
 
 def run(config: GPTConfig, *, threads: int, types: list[str], repeats: int,

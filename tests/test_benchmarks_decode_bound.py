@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import decode_bound
 from benchmarks.weights import QUICK
+from tinygpt.fast import row_kernels
 
 
 def test_step_shapes_are_a_gpt2_steps_products():
@@ -23,9 +24,10 @@ def test_quick_run_times_each_route_of_each_type(tmp_path, capsys):
     path = tmp_path / "bound.json"
     assert decode_bound.main(["--quick", "--llama-tok-s", "f32=100,int8=200", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
+    routes = ("read", "library", "compiled", "read, huge pages", "compiled, huge pages")
+    kernels = ("kernels, huge pages",) if row_kernels.load() else ()
     assert [(r["weights"], r["route"]) for r in rows] == [(t, r) for t in ("f32", "bf16", "int8")
-                                                          for r in ("read", "library", "compiled", "read, huge pages",
-                                                                    "compiled, huge pages")]
+                                                          for r in routes + (kernels if t != "f32" else ())]
     params = sum(o * i for o, i in decode_bound.step_shapes(QUICK["quick"]))
     assert {r["weights"]: round(r["mb"] * 1e6) for r in rows} == {"f32": 4 * params, "bf16": 2 * params,
                                                                   "int8": params}
