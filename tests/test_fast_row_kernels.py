@@ -47,6 +47,16 @@ def test_the_bf16_kernel_is_the_float32_product_of_the_stored_weights(kernel, n,
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5 * max(1.0, exact.abs().max().item()))
 
 
+def test_a_long_row_of_the_largest_products_does_not_overflow_a_lane(kernel):
+    k = 3 * 16384 + 128 + 5  # three chunks of int32 lanes, a fourth part-chunk and a scalar tail
+    q = torch.full((2, k), -127, dtype=torch.int8)
+    q[1, ::2] = 127
+    x = torch.full((1, k), 3.0)
+    got = kernel.int8_row_mm(x, q, torch.ones(2))
+    torch.testing.assert_close(got, kernel.int8_reference(x, q, torch.ones(2)), rtol=0, atol=0)
+    torch.testing.assert_close(got[0, 0], torch.tensor(-127.0 * 3 * k), rtol=1e-6, atol=0)
+
+
 def test_extreme_rows_neither_overflow_nor_divide_by_zero(kernel):
     q = torch.full((3, 4096), 127, dtype=torch.int8)
     q[1] = -127

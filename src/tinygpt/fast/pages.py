@@ -1,12 +1,11 @@
 """The weights in huge pages: a decode step reads every weight once, and with the usual 4 KiB pages every 4 KiB of
 it costs the core a page-table walk (a TLB miss) on top of the memory read.
 
-Reading gpt2-small's 49 product weights once, one thread, on the AMD EPYC these figures came from, reached about
-three quarters of the bandwidth that the same loop reaches on 2 MiB pages (``python -m benchmarks.decode_bound``
-shows both). llama.cpp gets the large pages for free: it maps the GGUF file, and the kernel's page cache backs the
-mapping with large folios. torch allocates with ``malloc``, which on Linux gets 4 KiB pages unless transparent huge
-pages are ``always`` (most distributions default to ``madvise``; torch's own ``THP_MEM_ALLOC_ENABLE`` variable must
-be set before the process starts).
+A plain loop reads gpt2-small's 49 product weights markedly faster from 2 MiB pages than from 4 KiB ones
+(``python -m benchmarks.decode_bound`` times both). llama.cpp gets large pages for free: it maps the GGUF file,
+and the kernel's page cache backs the mapping with large folios. torch allocates with ``malloc``, which on Linux
+gets 4 KiB pages unless transparent huge pages are ``always`` (most distributions say ``madvise``; torch's own
+``THP_MEM_ALLOC_ENABLE`` variable must be set before the process starts, and applies to every allocation).
 
 ``huge_pages(model)`` copies the model's large parameters and buffers, storage by storage, into one anonymous
 mapping marked ``MADV_HUGEPAGE`` and points the tensors at their copies (``param.data``, the module's buffer): the

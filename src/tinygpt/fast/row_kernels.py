@@ -1,20 +1,19 @@
 """Two one-row products of a compiled decode step as small C++ kernels: bf16 weights and int8 weights.
 
 At batch 1 a decode step's time is its weights' bytes over the rate its loops read them. In 2 MiB pages
-(``fast.pages``) a plain read of gpt2-small's weights runs at about 30 GB/s on the AMD EPYC these figures came from,
-while inductor's loops over the same bytes (``fast.one_row``) reach about 25 (bf16) and 17 (int8)
-(``python -m benchmarks.decode_bound``):
+(``fast.pages``) inductor's loops over the weights (``fast.one_row``) read them well below a plain read of the same
+bytes (``python -m benchmarks.decode_bound`` times both):
 
 - bf16: inductor's loop keeps one float32 accumulator pair per output channel, so each row's sum waits on its own
-  additions. ``tinygpt_bf16_row`` keeps four (64 weights a step), and reads at the plain read's rate. Each
-  product of the bf16-rounded input and a bf16 weight is exact in float32; the sums are float32, in another order
-  than inductor's (equal up to float32 rounding).
+  additions. ``tinygpt_bf16_row`` keeps four (64 weights a step), which reads faster. Each product of the
+  bf16-rounded input and a bf16 weight is exact in float32; the sums are float32, in another order than
+  inductor's (equal up to float32 rounding).
 - int8: converting each weight to float32 costs more work per byte than the memory delivers bytes; integer
   arithmetic halves it. The input row is rounded to int16 once per product (one scale for the row,
   ``s = absmax / 32767``, ``xq = round(x / s)``, ties to even), each weight widened to int16, and AVX-512's
   multiply-add of int16 pairs (``vpdpwssd`` where the CPU has AVX512_VNNI, ``vpmaddwd`` + add elsewhere) sums them
-  in int32 lanes, totalled in int64 (exact: no lane holds more than ``K / 64`` products of at most
-  ``127 * 32767``). The output channel is ``float(total) * s * scale``. An int16 input keeps more of the row than
+  in int32 lanes, totalled in int64 every 16,384 inputs (exact: no lane then holds more than 256 products of at
+  most ``127 * 32767``). The output channel is ``float(total) * s * scale``. An int16 input keeps more of the row than
   the eager kernel's bf16 input wherever an entry is within 1/256 of the row's largest.
 
 The kernels are built once per machine by inductor's own C++ toolchain and cache (``torch._inductor``'s
@@ -41,6 +40,8 @@ SOURCE = r"""
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define TINYGPT_HAVE_KERNEL 1
+/* a lane takes 2 products per 128 inputs, each at most 127 * 32767: 16384 inputs keep it under 2^31 */
+#define TINYGPT_CHUNK 16384
 
 static inline __m512i tinygpt_dot(__m512i acc, __m512i w16, __m512i x16) {
 #if defined(__AVX512VNNI__)
@@ -68,15 +69,22 @@ extern "C" void tinygpt_int8_row(const float* x, const int8_t* q, const float* s
     const int64_t body = k / 128 * 128;
     for (int64_t r = 0; r < n; r++) {
         const int8_t* w = q + r * k;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t j = 0; j < body; j += 128) {
-            __m512i w0 = _mm512_loadu_si512(w + j), w1 = _mm512_loadu_si512(w + j + 64);
-            a0 = tinygpt_dot(a0, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w0)), _mm512_load_si512(xq + j));
-            a1 = tinygpt_dot(a1, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w0, 1)), _mm512_load_si512(xq + j + 32));
-            a2 = tinygpt_dot(a2, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w1)), _mm512_load_si512(xq + j + 64));
-            a3 = tinygpt_dot(a3, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w1, 1)), _mm512_load_si512(xq + j + 96));
+        int64_t total = 0;
+        /* the int32 lanes go into the int64 total every TINYGPT_CHUNK inputs, before any could overflow */
+        for (int64_t start = 0; start < body; start += TINYGPT_CHUNK) {
+            const int64_t stop = start + TINYGPT_CHUNK < body ? start + TINYGPT_CHUNK : body;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t j = start; j < stop; j += 128) {
+                __m512i w0 = _mm512_loadu_si512(w + j), w1 = _mm512_loadu_si512(w + j + 64);
+                a0 = tinygpt_dot(a0, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w0)), _mm512_load_si512(xq + j));
+                a1 = tinygpt_dot(a1, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w0, 1)),
+                                 _mm512_load_si512(xq + j + 32));
+                a2 = tinygpt_dot(a2, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w1)), _mm512_load_si512(xq + j + 64));
+                a3 = tinygpt_dot(a3, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w1, 1)),
+                                 _mm512_load_si512(xq + j + 96));
+            }
+            total += tinygpt_total(a0) + tinygpt_total(a1) + tinygpt_total(a2) + tinygpt_total(a3);
         }
-        int64_t total = tinygpt_total(a0) + tinygpt_total(a1) + tinygpt_total(a2) + tinygpt_total(a3);
         for (int64_t j = body; j < k; j++) total += (int64_t)xq[j] * (int64_t)w[j];
         y[r] = (float)total * s * scale[r];
     }
