@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -148,6 +148,15 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
         raise argparse.ArgumentTypeError(f"shapes must look like 1x128,8x256 (batch x tokens, each >= 1), got {text!r}")
     return shapes  # type: ignore[return-value]
+
+
+def comma_list(text: str, allowed: Sequence[str], flag: str) -> list[str]:
+    """``text`` split at commas, each item one of ``allowed``; a ``ValueError`` naming ``flag`` otherwise."""
+    items = text.split(",")
+    bad = [item for item in items if item not in allowed]
+    if bad:
+        raise ValueError(f"{flag} {','.join(bad)}: allowed {', '.join(allowed)}")
+    return items
 
 
 def run_and_report(parser: argparse.ArgumentParser, compute: Callable[[], dict[str, Any]],

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from benchmarks.common import format_table, run_and_report, time_interleaved
+from benchmarks.common import comma_list, format_table, run_and_report, time_interleaved
 from benchmarks.weights import QUICK, SHAPES
 from tinygpt.config import GPTConfig
 from tinygpt.fast.one_row import one_row_linear
@@ -155,10 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def compute() -> dict[str, Any]:
-        types = args.types.split(",")
-        bad = [t for t in types if t not in TYPES]
-        if bad:
-            raise ValueError(f"--types {','.join(bad)}: allowed {', '.join(TYPES)}")
+        types = comma_list(args.types, list(TYPES), "--types")
         config = QUICK["quick"] if args.quick else SHAPES[args.shape]
         return run(config, threads=args.threads, types=types, repeats=1 if args.quick else args.repeats,
                    llama=parse_llama(args.llama_tok_s))

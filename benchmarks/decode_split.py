@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from benchmarks.common import format_table, run_and_report
+from benchmarks.common import comma_list, format_table, run_and_report
 from benchmarks.weights import QUICK, SHAPES
 from tinygpt import GPTModel, generate
 from tinygpt.config import GPTConfig
@@ -119,10 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def compute() -> dict[str, Any]:
-        types = args.weights.split(",")
-        bad = [t for t in types if t not in WEIGHT_TYPES]
-        if bad:
-            raise ValueError(f"--weights {','.join(bad)}: allowed {', '.join(WEIGHT_TYPES)}")
+        types = comma_list(args.weights, WEIGHT_TYPES, "--weights")
         if args.new_tokens < 1 or args.repeats < 1:
             raise ValueError("--new-tokens and --repeats must be >= 1")
         config = QUICK["quick"] if args.quick else SHAPES[args.shape]

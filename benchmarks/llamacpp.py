@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from benchmarks.common import format_table, run_and_report, shared_data_dir, time_interleaved
+from benchmarks.common import comma_list, format_table, run_and_report, shared_data_dir, time_interleaved
 from benchmarks.weights import SHAPES, agreement
 from tinygpt import GPTModel, generate
 from tinygpt.fast.pages import huge_pages
@@ -271,10 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (binary / "llama-bench").is_file() or not (binary / "llama-server").is_file():
             raise ValueError(f"--llama-bin {binary} has no llama-bench and llama-server: build them (see the recipe "
                              f"in this module's docstring)")
-        types = args.types.split(",")
-        bad = [t for t in types if t not in PAIRS]
-        if bad:
-            raise ValueError(f"--types {','.join(bad)}: allowed f32, f16, q8_0")
+        types = comma_list(args.types, list(PAIRS), "--types")
         if args.model:
             from tinygpt.checkpoint import load_model
 
