@@ -15,7 +15,10 @@ Each GGUF type is paired with the tinygpt weight type that stores the same bytes
 float32, f16 with bfloat16 (two bytes), q8_0 with int8 (one byte and a scale: per 32 values in q8_0, per output
 channel in tinygpt). tinygpt loads the model it exported (float32) and converts its linears (``fast.weights``).
 llama.cpp's figures come from ``llama-bench`` (tg = decode, pp = prompt), tinygpt's from the same measurement
-in-process (``generate`` at batch 1 for decode, one forward over the prompt); the two alternate per round.
+in-process (one forward over the prompt; for decode, ``generate`` at batch 1 of ``--decode`` tokens and of one
+token, the rate being the other ``decode - 1`` tokens over the difference: as llama-bench's tg times its decode
+calls alone, not its context's set-up; the JSON also keeps each ``generate`` call's end-to-end rate, ``*_e2e``);
+the two alternate per round.
 Greedy agreement: each prompt's greedy tokens from ``llama-server`` (/completion with token ids, temperature 0)
 against tinygpt's with the same type, as the share of tokens equal before the first difference. tinygpt decodes
 with the engine's lean step; ``--compile`` adds a second tinygpt decode column with the step compiled
@@ -203,18 +206,24 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             huge_pages(ours)  # as every inference command's loader does (interop.load_pretrained)
             theirs: list[dict[str, float]] = []
             with torch.inference_mode():
-                stats: dict[str, list[float]] = {"decode": [], "prompt": [], "compiled": []}
-                timed = {"decode": lambda: generate(ours, [prompts[0]], max_new_tokens=decode),
-                         "prompt": lambda: ours(long_prompt, last_only=True)}
+                stats: dict[str, list[float]] = {name: [] for name in ("decode", "decode_e2e", "prompt", "compiled",
+                                                                       "compiled_e2e")}
+                decoders = {"decode": (ours, False)}
                 if compile:  # its own copy: compiling lays bf16 weights out plain (``fast.weights.plain_weights``)
                     compiled = copy.deepcopy(model)
                     convert_weights(compiled, PAIRS[kind])
-                    timed["compiled"] = lambda: generate(compiled, [prompts[0]], max_new_tokens=decode, compile=True)
+                    decoders["compiled"] = (compiled, True)
+                timed = {"prompt": lambda: ours(long_prompt, last_only=True)}
+                for name, (m, c) in decoders.items():  # n tokens, and the start alone: engine, prefill, 1st token
+                    timed[name] = lambda m=m, c=c: generate(m, [prompts[0]], max_new_tokens=decode, compile=c)
+                    timed[name + " start"] = lambda m=m, c=c: generate(m, [prompts[0]], max_new_tokens=1, compile=c)
                 for _ in range(repeats):  # alternate: llama.cpp, then tinygpt, per round
                     theirs.append(llama_bench(binary, gguf, threads=threads, prompt=prompt, decode=decode))
-                    t = time_interleaved(timed, warmup=1, repeats=1)
-                    for name in timed:
-                        stats[name].append((prompt if name == "prompt" else decode) / t[name]["median_s"])
+                    t = {name: v["median_s"] for name, v in time_interleaved(timed, warmup=1, repeats=1).items()}
+                    stats["prompt"].append(prompt / t["prompt"])
+                    for name in decoders:  # as llama-bench's tg times its decode calls alone
+                        stats[name].append((decode - 1) / (t[name] - t[name + " start"]))
+                        stats[name + "_e2e"].append(decode / t[name])
                 mine = generate(ours, prompts, max_new_tokens=32).rows()
             ref = llama_greedy(binary, gguf, prompts, 32, threads=threads)
             if servers:
@@ -223,11 +232,13 @@ def run(binary: Path, model: GPTModel, tokenizer: Tokenizer, *, threads: int, pr
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             l_dec, l_pre = med([r["decode"] for r in theirs]), med([r["prompt"] for r in theirs])
             rows.append({"gguf": kind, "tinygpt": PAIRS[kind], "llama_decode": l_dec, "tinygpt_decode":
-                         med(stats["decode"]), "decode_ratio": med(stats["decode"]) / l_dec, "llama_prompt": l_pre,
+                         med(stats["decode"]), "decode_ratio": med(stats["decode"]) / l_dec,
+                         "tinygpt_decode_e2e": med(stats["decode_e2e"]), "llama_prompt": l_pre,
                          "tinygpt_prompt": med(stats["prompt"]), "prompt_ratio": med(stats["prompt"]) / l_pre,
                          "greedy_agreement": agreement(ref, mine)})
             if compile:
-                rows[-1].update(tinygpt_compiled=med(stats["compiled"]), compiled_ratio=med(stats["compiled"]) / l_dec)
+                rows[-1].update(tinygpt_compiled=med(stats["compiled"]), compiled_ratio=med(stats["compiled"]) / l_dec,
+                                tinygpt_compiled_e2e=med(stats["compiled_e2e"]))
     return {"threads": threads, "prompt": prompt, "decode": decode, "config": dataclasses.asdict(model.config),
             "rows": rows, "servers": serving}
 

@@ -9,14 +9,15 @@ never depend on its neighbours; ``verify`` checks a row's draft (speculative dec
 With ``compile``, a forward whose rows all decode in one group (one token each, keys padded to one length, no
 padding tokens, no LoRA adapters) runs the model through ``torch.compile`` (inductor; ``dynamic=True``, so a row's
 growing key count and the batch size do not recompile; one row is a graph of its own, whose products are
-``fast.one_row``'s loops). Other layouts stay eager: each count of decode groups or padding spans would be a
-graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and prompts
-vary too much to pay for compiling. On a small model a decode step's time is mostly the fixed cost of some 15
-operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
+``fast.one_row``'s loops, or ``fast.row_kernels`` for large bf16 and int8 weights, and whose attention is
+``kv_cache.one_query_attention``'s sums). Other layouts stay eager: each count of decode groups or padding spans
+would be a graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and
+prompts vary too much to pay for compiling. On a small model a decode step's time is mostly the fixed cost of
+some 15 operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
 one-row loops read faster than the library kernels. Where compiling a model fails (no C++ compiler, a weight type
 inductor cannot lower), it says why once on stderr and that model decodes eager from then on, in every engine.
-Before compiling, the weights move into huge pages (``fast.pages``): the one-row loops read them at the memory's
-pace only without a page-table walk every 4 KiB.
+Before compiling, the weights move into huge pages (``fast.pages``): the one-row products read them at the
+memory's pace only without a page-table walk every 4 KiB.
 """
 
 from __future__ import annotations
