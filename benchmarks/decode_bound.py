@@ -38,6 +38,7 @@ from tinygpt.fast.one_row import one_row_linear
 from tinygpt.fast import row_kernels
 from tinygpt.fast.pages import huge_pages
 from tinygpt.fast.weights import Bf16Linear, Int8Linear
+from tinygpt.inference.runner import COMPILE_OPTIONS
 
 TYPES = {"f32": "float32", "bf16": "bfloat16", "int8": "int8"}
 
@@ -78,7 +79,7 @@ def routes(kind: str, shapes: list[tuple[int, int]], seed: int = 0) -> tuple[int
         holder.register_buffer(f"w{i}", w.clone())
     huge_pages(holder)
     in_huge = list(holder.buffers())
-    compiled = torch.compile(one_graph, dynamic=False, options={"realize_acc_reads_threshold": 1})
+    compiled = torch.compile(one_graph, dynamic=False, options=COMPILE_OPTIONS)  # as the runner compiles
     first = inputs[shapes[0][1]]
 
     def read(weights: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -56,14 +56,16 @@ static inline int64_t tinygpt_total(__m512i a) {
          + _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
 }
 
-/* y[n] = float(sum_k xq[k] * q[n, k]) * s * scale[n], xq = round(x / s), s = absmax(x) / 32767 */
-extern "C" void tinygpt_int8_row(const float* x, const int8_t* q, const float* scale, float* y,
-                                 int64_t n, int64_t k) {
+/* y[n] = float(sum_k xq[k] * q[n, k]) * s * scale[n], xq = round(x / s), s = absmax(x) / 32767; 0, or 1 where
+   the int16 row could not be allocated (y untouched) */
+extern "C" int tinygpt_int8_row(const float* x, const int8_t* q, const float* scale, float* y,
+                                int64_t n, int64_t k) {
     float absmax = 0.0f;
     for (int64_t j = 0; j < k; j++) absmax = fmaxf(absmax, fabsf(x[j]));
     const float s = absmax > 0.0f ? absmax / 32767.0f : 1.0f;
     const int64_t padded = (k + 127) / 128 * 128;
     int16_t* xq = (int16_t*)aligned_alloc(64, padded * sizeof(int16_t));
+    if (xq == NULL) return 1;
     for (int64_t j = 0; j < k; j++) xq[j] = (int16_t)nearbyintf(x[j] / s);
     memset(xq + k, 0, (padded - k) * sizeof(int16_t));
     const int64_t body = k / 128 * 128;
@@ -89,6 +91,7 @@ extern "C" void tinygpt_int8_row(const float* x, const int8_t* q, const float* s
         y[r] = (float)total * s * scale[r];
     }
     free(xq);
+    return 0;
 }
 
 static inline __m512 tinygpt_widen(__m256i h) {  /* 16 bf16 -> 16 float32: the bits moved up 16 places */
@@ -142,7 +145,7 @@ def load() -> bool:
                 raise RuntimeError("this CPU has no AVX512BW")
             lib.tinygpt_int8_row.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
             lib.tinygpt_bf16_row.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
-            lib.tinygpt_int8_row.restype = lib.tinygpt_bf16_row.restype = None
+            lib.tinygpt_int8_row.restype, lib.tinygpt_bf16_row.restype = ctypes.c_int, None
             _STATE["lib"] = lib
         except Exception as err:  # no compiler, another ISA: the compiled step keeps inductor's float loop
             print(f"tinygpt: the one-row kernels are not used ({type(err).__name__}: "
@@ -185,7 +188,8 @@ def int8_row_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> 
     x, qweight, scale = x.contiguous().float(), qweight.contiguous(), scale.contiguous().float()
     n, k = qweight.shape
     y = torch.empty(1, n, dtype=torch.float32)
-    lib.tinygpt_int8_row(x.data_ptr(), qweight.data_ptr(), scale.data_ptr(), y.data_ptr(), n, k)
+    if lib.tinygpt_int8_row(x.data_ptr(), qweight.data_ptr(), scale.data_ptr(), y.data_ptr(), n, k):
+        raise MemoryError(f"int8_row_mm: no memory for the int16 copy of a {k}-long input row")
     return y
 
 
