@@ -59,6 +59,7 @@ def _spy_compile(monkeypatch, fail: bool = False) -> list[int]:
         return compiled
 
     monkeypatch.setattr(runner_module.torch, "compile", compile)
+    monkeypatch.setattr(runner_module, "AHEAD_OF_TIME", False)  # one-row steps too (``aot_step`` compiles for real)
     return calls
 
 

@@ -30,6 +30,7 @@ from typing import Any, ContextManager, Sequence
 import torch
 from torch import nn
 
+from .aot_step import AotStep
 from .kv_cache import PagedKVCache
 from ..fast.pages import huge_pages
 from ..fast import row_kernels
@@ -83,6 +84,9 @@ def adapters_of(model: nn.Module, packed: Sequence[tuple[Row, int]], num_tokens:
 # share of the step: ``benchmarks.llamacpp --shape train-default --compile``).
 COMPILE_OPTIONS = {"realize_acc_reads_threshold": 1, "size_asserts": False, "scalar_asserts": False}
 _COMPILE_FAILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose compile failed: eager for good
+# One-row steps go through ``aot_step.AotStep`` (no Python between the kernels); off, they are torch.compile's too.
+AHEAD_OF_TIME = True
+_AOT_FAILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()  # models whose ahead-of-time step failed
 
 
 class ModelRunner:
@@ -98,17 +102,35 @@ class ModelRunner:
             if any(isinstance(m, (Bf16Linear, Int8Linear)) for m in model.modules()):
                 row_kernels.load()  # built before tracing: the compiled one-row bf16 and int8 products call them
             self.compiled = torch.compile(model, dynamic=True, options=COMPILE_OPTIONS)
+        self.aot: AotStep | None = None  # the one-row step, compiled ahead of time when first needed
 
     def _model_for(self, slices: Sequence[RowSlice], batch: Any) -> Any:
         if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
                 or any(s.length != 1 for s in slices) or len(batch.decode_groups) != 1 or batch.spans):
             return self.model
+        if AHEAD_OF_TIME and AotStep.fits(batch) and self.model not in _AOT_FAILED:
+            if self.aot is None:
+                try:
+                    self.aot = AotStep(self.model, self.cache, COMPILE_OPTIONS)
+                except Exception as err:
+                    self._aot_failed("cannot be compiled ahead of time", err)
+                    return self.compiled
+            return self.aot
         return self.compiled
+
+    def _aot_failed(self, what: str, err: Exception) -> None:
+        print(f"tinygpt: the one-row decode step {what}, it runs through torch.compile from now on: "
+              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+        self.aot = None
+        _AOT_FAILED.add(self.model)
 
     def _run_model(self, model: Any, idx: torch.Tensor, batch: Any) -> torch.Tensor:
         try:
             return model(idx, cache=self.cache, pos=batch)[0]
         except Exception as err:
+            if model is self.aot:  # before any work: a shape it was not built for, a library that will not run
+                self._aot_failed("failed", err)
+                return self._run_model(self.compiled, idx, batch)
             if model is self.model:
                 raise
             print(f"tinygpt: torch.compile failed, decoding eager from now on: {type(err).__name__}: "
