@@ -16,17 +16,18 @@ bytes (``python -m benchmarks.decode_bound`` times both):
   most ``127 * 32767``). The output channel is ``float(total) * s * scale``. An int16 input keeps more of the row than
   the eager kernel's bf16 input wherever an entry is within 1/256 of the row's largest.
 
-The kernels are built once per machine by inductor's own C++ toolchain and cache (``torch._inductor``'s
-``CppCodeCache``, which a compiled step needs anyway) with ``-march=native``; ``load()`` says once on stderr why
-they are not used where they cannot be built or the CPU lacks AVX512BW, and the compiled step then keeps
-inductor's loops. ``bf16_row_mm`` and ``int8_row_mm`` are torch custom ops, so inductor calls them as opaque
-kernels inside the compiled graph; ``Bf16Linear`` and ``Int8Linear`` take them for weights of at least
+The kernels are built once per machine with ``-march=native`` by torch's extension builder
+(``torch.utils.cpp_extension.load_inline``: the system's C++ compiler and ninja), which registers them as the CPU
+kernels of two torch ops, ``tinygpt::bf16_row_mm`` and ``tinygpt::int8_row_mm``: inductor calls them as opaque
+kernels inside a compiled graph, and an ahead-of-time step (``inference.aot_step``) reaches them through the
+dispatcher without Python in between (a Python op there costs more per call than a small product takes).
+``load()`` says once on stderr why they are not used where they cannot be built or the CPU lacks AVX512BW, and the
+compiled step then keeps inductor's loops. ``Bf16Linear`` and ``Int8Linear`` take them for weights of at least
 ``MIN_WEIGHTS`` entries.
 """
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from typing import Any
 
@@ -39,7 +40,6 @@ SOURCE = r"""
 #include <math.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
-#define TINYGPT_HAVE_KERNEL 1
 /* a lane takes 2 products per 128 inputs, each at most 127 * 32767: 16384 inputs keep it under 2^31 */
 #define TINYGPT_CHUNK 16384
 
@@ -58,7 +58,7 @@ static inline int64_t tinygpt_total(__m512i a) {
 
 /* y[n] = float(sum_k xq[k] * q[n, k]) * s * scale[n], xq = round(x / s), s = absmax(x) / 32767; 0, or 1 where
    the int16 row could not be allocated (y untouched) */
-extern "C" int tinygpt_int8_row(const float* x, const int8_t* q, const float* scale, float* y,
+static int tinygpt_int8_row(const float* x, const int8_t* q, const float* scale, float* y,
                                 int64_t n, int64_t k) {
     float absmax = 0.0f;
     for (int64_t j = 0; j < k; j++) absmax = fmaxf(absmax, fabsf(x[j]));
@@ -99,7 +99,7 @@ static inline __m512 tinygpt_widen(__m256i h) {  /* 16 bf16 -> 16 float32: the b
 }
 
 /* y[n] = sum_k x[k] * w[n, k], w bf16 (as uint16 bits), x float32, four accumulators of 16 lanes */
-extern "C" void tinygpt_bf16_row(const float* x, const uint16_t* q, float* y, int64_t n, int64_t k) {
+static void tinygpt_bf16_row(const float* x, const uint16_t* q, float* y, int64_t n, int64_t k) {
     const int64_t body = k / 64 * 64;
     for (int64_t r = 0; r < n; r++) {
         const uint16_t* w = q + r * k;
@@ -119,17 +119,62 @@ extern "C" void tinygpt_bf16_row(const float* x, const uint16_t* q, float* y, in
         y[r] = total;
     }
 }
-#else
-#define TINYGPT_HAVE_KERNEL 0
-#endif
 
-extern "C" int tinygpt_row_kernels_available(void) { return TINYGPT_HAVE_KERNEL; }
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+static at::Tensor tinygpt_bf16_row_mm(const at::Tensor& x, const at::Tensor& weight) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kBFloat16 && weight.dim() == 2
+                && x.numel() == weight.size(1), "bf16_row_mm takes x [1, in] float32 and weight [out, in] bfloat16, "
+                "got x ", x.sizes(), " ", x.scalar_type(), " and weight ", weight.sizes(), " ", weight.scalar_type());
+    const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+    at::Tensor y = at::empty({1, wc.size(0)}, xc.options());
+    tinygpt_bf16_row(xc.data_ptr<float>(), reinterpret_cast<const uint16_t*>(wc.data_ptr()), y.data_ptr<float>(),
+                     wc.size(0), wc.size(1));
+    return y;
+}
+
+static at::Tensor tinygpt_int8_row_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && qweight.scalar_type() == at::kChar && qweight.dim() == 2
+                && x.numel() == qweight.size(1) && scale.scalar_type() == at::kFloat
+                && scale.numel() == qweight.size(0), "int8_row_mm takes x [1, in] float32, qweight [out, in] int8 "
+                "and scale [out] float32, got x ", x.sizes(), " ", x.scalar_type(), ", qweight ", qweight.sizes(), " ",
+                qweight.scalar_type(), " and scale ", scale.sizes(), " ", scale.scalar_type());
+    const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
+    at::Tensor y = at::empty({1, qc.size(0)}, xc.options());
+    const int failed = tinygpt_int8_row(xc.data_ptr<float>(), qc.data_ptr<int8_t>(), sc.data_ptr<float>(),
+                                        y.data_ptr<float>(), qc.size(0), qc.size(1));
+    TORCH_CHECK_WITH(OutOfMemoryError, !failed, "int8_row_mm: no memory for the int16 copy of a ", qc.size(1),
+                     "-long input row");
+    return y;
+}
+
+TORCH_LIBRARY_IMPL(tinygpt, CPU, m) {
+    m.impl("bf16_row_mm", &tinygpt_bf16_row_mm);
+    m.impl("int8_row_mm", &tinygpt_int8_row_mm);
+}
+#endif
 """
 
-# An op's fixed cost per call (the custom op's dispatch, ctypes, the output's allocation) is what the kernel saves
-# on about a million weights: smaller weights stay in inductor's loops, fused with their neighbours.
+# An op's fixed cost per call (the dispatch, the output's allocation) is what the kernel saves on about a million
+# weights: smaller weights stay in inductor's loops, fused with their neighbours.
 MIN_WEIGHTS = 1 << 20
-_STATE: dict[str, Any] = {"tried": False, "lib": None}
+_STATE: dict[str, Any] = {"tried": False, "loaded": False}
+
+# The ops' schemas and shapes (for tracing) are defined here; their CPU kernels only by ``load()``.
+torch.library.define("tinygpt::bf16_row_mm", "(Tensor x, Tensor weight) -> Tensor")
+torch.library.define("tinygpt::int8_row_mm", "(Tensor x, Tensor qweight, Tensor scale) -> Tensor")
+
+
+@torch.library.register_fake("tinygpt::bf16_row_mm")
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1, weight.shape[0], dtype=torch.float32)
+
+
+@torch.library.register_fake("tinygpt::int8_row_mm")
+def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(1, qweight.shape[0], dtype=torch.float32)
 
 
 def load() -> bool:
@@ -138,64 +183,41 @@ def load() -> bool:
     if not _STATE["tried"]:
         _STATE["tried"] = True
         try:
-            from torch._inductor.codecache import CppCodeCache
+            from torch.utils import cpp_extension
 
-            lib = CppCodeCache.load(SOURCE, extra_flags=("-march=native",))
-            if not lib.tinygpt_row_kernels_available():
+            cpp_extension.load_inline("tinygpt_row_kernels", cpp_sources=[SOURCE], is_python_module=False,
+                                      extra_cflags=["-O3", "-march=native"])
+            if not torch._C._dispatch_has_kernel_for_dispatch_key("tinygpt::bf16_row_mm", "CPU"):
                 raise RuntimeError("this CPU has no AVX512BW")
-            lib.tinygpt_int8_row.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
-            lib.tinygpt_bf16_row.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
-            lib.tinygpt_int8_row.restype, lib.tinygpt_bf16_row.restype = ctypes.c_int, None
-            _STATE["lib"] = lib
-        except Exception as err:  # no compiler, another ISA: the compiled step keeps inductor's float loop
+            _STATE["loaded"] = True
+        except Exception as err:  # no compiler or ninja, another ISA: the compiled step keeps inductor's loops
             print(f"tinygpt: the one-row kernels are not used ({type(err).__name__}: "
                   f"{str(err).splitlines()[0] if str(err) else ''}); compiled steps use inductor's loops",
                   file=sys.stderr)
-    return _STATE["lib"] is not None
+    return _STATE["loaded"]
 
 
 def ready() -> bool:
     """Whether ``load()`` has loaded the kernels (no build: safe inside a trace)."""
-    return _STATE["lib"] is not None
+    return _STATE["loaded"]
 
 
-def _loaded() -> Any:
-    if _STATE["lib"] is None:
+def _check_loaded() -> None:
+    if not _STATE["loaded"]:
         raise RuntimeError("tinygpt.fast.row_kernels.load() has not loaded the kernels")
-    return _STATE["lib"]
 
 
-@torch.library.custom_op("tinygpt::bf16_row_mm", mutates_args=())
 def bf16_row_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [1, in] float32 @ weight [out, in] bf16 ^T -> [1, out] float32 (float32 sums, four accumulators)."""
-    x, weight = x.contiguous().float(), weight.contiguous()
-    n, k = weight.shape
-    y = torch.empty(1, n, dtype=torch.float32)
-    _loaded().tinygpt_bf16_row(x.data_ptr(), weight.data_ptr(), y.data_ptr(), n, k)
-    return y
+    _check_loaded()
+    return torch.ops.tinygpt.bf16_row_mm.default(x, weight)
 
 
-@bf16_row_mm.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(1, weight.shape[0], dtype=torch.float32)
-
-
-@torch.library.custom_op("tinygpt::int8_row_mm", mutates_args=())
 def int8_row_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [1, in] float32 @ (qweight [out, in] int8 * scale [out] float32)^T -> [1, out] float32, the input
     rounded to int16 (the module docstring)."""
-    lib = _loaded()
-    x, qweight, scale = x.contiguous().float(), qweight.contiguous(), scale.contiguous().float()
-    n, k = qweight.shape
-    y = torch.empty(1, n, dtype=torch.float32)
-    if lib.tinygpt_int8_row(x.data_ptr(), qweight.data_ptr(), scale.data_ptr(), y.data_ptr(), n, k):
-        raise MemoryError(f"int8_row_mm: no memory for the int16 copy of a {k}-long input row")
-    return y
-
-
-@int8_row_mm.register_fake
-def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(1, qweight.shape[0], dtype=torch.float32)
+    _check_loaded()
+    return torch.ops.tinygpt.int8_row_mm.default(x, qweight, scale)
 
 
 def int8_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
