@@ -78,8 +78,7 @@ class AotStep:
     ``step(idx [1, 1], cache=cache, pos=batch)`` -> logits [1, 1, V]."""
 
     def __init__(self, model: nn.Module, cache: PagedKVCache, options: dict[str, Any]) -> None:
-        self.names, self.weights = model_tensors(model)
-        self.cache = cache
+        self.names, self.weights = model_tensors(model)  # read every call, as they are: no copy in the library
         self.loader = _load_or_build(model, cache, self.names, self.weights, options)
 
     @staticmethod
@@ -129,7 +128,8 @@ def _load_or_build(model: nn.Module, cache: PagedKVCache, names: list[str], weig
     described += [f"kv:{t.dtype}:{tuple(t.shape[1:])}:{t.stride()[1:]}" for t in kv]
     key = hashlib.sha256("\n".join([
         torch.__version__, str(cpu_vec_isa.pick_vec_isa()), repr(sorted(options.items())),
-        f"row kernels: {row_kernels.ready()}", _source_digest(), *described]).encode()).hexdigest()[:32]
+        f"row kernels: {row_kernels.ready()}", f"training: {model.training}", _source_digest(),
+        *described]).encode()).hexdigest()[:32]
     if key not in _LOADED:
         path = Path(cache_dir()) / PACKAGE_FOLDER / f"{key}.pt2"
         if not path.exists():

@@ -8,9 +8,11 @@ never depend on its neighbours; ``verify`` checks a row's draft (speculative dec
 
 With ``compile``, a forward whose rows all decode in one group (one token each, keys padded to one length, no
 padding tokens, no LoRA adapters) runs the model through ``torch.compile`` (inductor; ``dynamic=True``, so a row's
-growing key count and the batch size do not recompile; one row is a graph of its own, whose products are
-``fast.one_row``'s loops, or ``fast.row_kernels`` for large bf16 and int8 weights, and whose attention is
-``kv_cache.one_query_attention``'s sums). Other layouts stay eager: each count of decode groups or padding spans
+growing key count and the batch size do not recompile). A forward of one row, the batch-1 step, runs instead
+through ``aot_step.AotStep``: the same inductor code compiled ahead of time and called without Python between its
+kernels (its products are ``fast.one_row``'s loops, or ``fast.row_kernels`` for large bf16 and int8 weights, its
+attention ``kv_cache.one_query_attention``'s sums); where that step cannot be built or run, it says so once and
+one-row forwards go through ``torch.compile`` too. Other layouts stay eager: each count of decode groups or padding spans
 would be a graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and
 prompts vary too much to pay for compiling. On a small model a decode step's time is mostly the fixed cost of
 some 15 operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
@@ -108,7 +110,8 @@ class ModelRunner:
         if (self.compiled is None or getattr(self.model, "adapter_names", None) is not None
                 or any(s.length != 1 for s in slices) or len(batch.decode_groups) != 1 or batch.spans):
             return self.model
-        if AHEAD_OF_TIME and AotStep.fits(batch) and self.model not in _AOT_FAILED:
+        if (AHEAD_OF_TIME and self.device.type == "cpu" and AotStep.fits(batch) and self.model not in _AOT_FAILED
+                and not torch.is_autocast_enabled("cpu")):  # (what was traced is what runs: no autocast)
             if self.aot is None:
                 try:
                     self.aot = AotStep(self.model, self.cache, COMPILE_OPTIONS)
