@@ -150,8 +150,9 @@ GENERATION_FLAGS: dict[str, dict[str, Any]] = {
     "speculative_tokens": dict(help="speculative decoding: draft up to K tokens (from the text's own n-grams, or "
                                     "with --draft's model), verified in one forward (greedy: the same tokens; "
                                     "sampled: the same distribution); 0 = off (with --draft: 4)", metavar="K"),
-    "compile": dict(help="compile the decode step with torch.compile (needs a C++ compiler on a CPU): seconds "
-                         "at start, then a cheaper step; pays on small models (docs/performance.md)"),
+    "compile": dict(help="compile the decode step (one row ahead of time, kept on disk; several rows with "
+                         "torch.compile; needs a C++ compiler on a CPU): seconds at start, then a cheaper step "
+                         "(docs/performance.md)"),
 }
 _SET_BY_THE_COMMAND = ("eos_id", "pad_id", "stop")  # the tokenizer's ids; --stop is text, not token ids
 _GIVEN_OR_NOT = {"top_p": 1.0, "repetition_penalty": 1.0}  # None on the command line = this

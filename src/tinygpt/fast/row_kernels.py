@@ -28,6 +28,8 @@ compiled step then keeps inductor's loops. ``Bf16Linear`` and ``Int8Linear`` tak
 
 from __future__ import annotations
 
+import hashlib
+import platform
 import sys
 from typing import Any
 
@@ -185,8 +187,8 @@ def load() -> bool:
         try:
             from torch.utils import cpp_extension
 
-            cpp_extension.load_inline("tinygpt_row_kernels", cpp_sources=[SOURCE], is_python_module=False,
-                                      extra_cflags=["-O3", "-march=native"])
+            cpp_extension.load_inline(f"tinygpt_row_kernels_{_cpu_digest()}", cpp_sources=[SOURCE],
+                                      is_python_module=False, extra_cflags=["-O3", "-march=native"])
             if not torch._C._dispatch_has_kernel_for_dispatch_key("tinygpt::bf16_row_mm", "CPU"):
                 raise RuntimeError("this CPU has no AVX512BW")
             _STATE["loaded"] = True
@@ -195,6 +197,17 @@ def load() -> bool:
                   f"{str(err).splitlines()[0] if str(err) else ''}); compiled steps use inductor's loops",
                   file=sys.stderr)
     return _STATE["loaded"]
+
+
+def _cpu_digest() -> str:
+    """The CPU's feature flags, hashed: the build is ``-march=native``, so a home folder shared by machines of other
+    CPUs keeps one build per kind."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:12]
 
 
 def ready() -> bool:

@@ -60,7 +60,7 @@ class InferenceEngine:
     context). ``speculative_tokens`` k > 0 and a ``proposer(tokens, k) -> draft`` (prompt lookup by default) or a
     ``draft_model`` (a small model sharing the tokenizer): rows feed up to k draft tokens with their last token and
     keep what the model's verification accepts (``drafting.Drafter``, ``acceptance.verify``). ``compile``: decode
-    steps run the model through ``torch.compile`` (``runner.ModelRunner``).
+    steps run compiled (``runner.ModelRunner``).
     """
 
     def __init__(self, model: nn.Module, *, max_rows: int = 8, token_budget: int | None = None,

@@ -54,8 +54,8 @@ class GenerationConfig:
     prompt in one piece). ``speculative_tokens`` k > 0: each row verifies up to k draft tokens per forward
     (greedy: the same tokens; sampled: the same distribution; fewer forwards when the drafts are right): drafts by
     prompt lookup (the text's own n-grams), or by the ``draft_model`` given to ``generate`` / ``stream``.
-    ``compile``: run the decode steps through ``torch.compile`` (``inference.runner``; a start-up cost of seconds
-    for a lower cost per step, which pays on small models: docs/performance.md).
+    ``compile``: run the decode steps compiled (``inference.runner``: one row through ``inference.aot_step``, several
+    through ``torch.compile``; a start-up cost of seconds for a lower cost per step: docs/performance.md).
     """
 
     max_new_tokens: int = 64

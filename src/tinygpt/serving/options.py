@@ -117,8 +117,9 @@ class ServeOptions:
     draft: str | None = option(None, "a small model sharing --model's tokenizer that drafts for it (greedy "
                                      "drafts, a small cache per row); implies --speculative draft",
                                metavar="DIR|HUBNAME")
-    compile: bool = option(False, "compile the decode step with torch.compile (a C++ compiler on a CPU): seconds at "
-                                  "the first decodes, then a cheaper step; pays on small models (docs/performance.md)")
+    compile: bool = option(False, "compile the decode step (one row ahead of time, several rows with torch.compile; "
+                                  "a C++ compiler on a CPU): seconds at the first decodes, then a cheaper step "
+                                  "(docs/performance.md)")
 
     def __post_init__(self) -> None:
         checks.int_in_range("port", self.port, 0, 65535)
