@@ -149,3 +149,24 @@ def test_a_step_that_fails_says_so_once_and_decodes_through_torch_compile(where,
     generate(model, [prompt], max_new_tokens=3, compile=True)
     assert capsys.readouterr().err == ""  # that model is not tried again
     assert model in runner_module._AOT_FAILED
+
+
+def test_the_library_key_counts_what_the_code_depends_on_and_not_the_weights_values(monkeypatch):
+    model = variant_model("gpt2", torch.float32)
+    cache = PagedKVCache(model.config, 4, 4)
+    options = runner_module.COMPILE_OPTIONS
+
+    def key(m=model, c=cache, opts=options):
+        names, weights = aot_step.model_tensors(m)
+        return aot_step.library_key(m, c, names, weights, opts)
+
+    base = key()
+    assert key(m=variant_model("gpt2", torch.float32, seed=5)) == base  # other values, the same library
+    assert key(c=PagedKVCache(model.config, 9, 4)) == base  # another pool size: a dynamic dimension
+    assert key(m=variant_model("gpt2", torch.float64)) != base
+    assert key(m=variant_model("llama", torch.float32)) != base
+    assert key(c=PagedKVCache(model.config, 4, 4, dtype=torch.bfloat16)) != base
+    assert key(opts={**options, "size_asserts": True}) != base
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+    assert key() != base  # inductor writes the thread count into its loops

@@ -7,11 +7,11 @@ once (``torch.export``) with the weights and the paged cache's tensors as its in
 no copy of them and writes each token's keys and values into the engine's own cache, and compiled by AOTInductor
 into a shared library; a token is then one call (``boxed_run``) with a list of tensors.
 
-The library depends on the model's code, its tensors' shapes and dtypes, the compile options and torch's version,
-not on the weights' values: it is kept in inductor's cache folder under a key of those (written atomically), so
-a later process, or another model of the same shapes, loads it in milliseconds instead of compiling again. The
-keys' count and the cache's slot count are dynamic; a call outside what the library was built for raises, and
-the runner falls back (``runner.ModelRunner``).
+The library depends on the model's code, its tensors' shapes and dtypes, the compile options, the thread count and
+torch's version, not on the weights' values: it is kept in inductor's cache folder under a key of those (written
+atomically), so a later process, or another model of the same shapes, loads it in milliseconds instead of compiling
+again. The keys' count and the cache's slot count are dynamic; a call outside what the library was built for
+raises, and the runner falls back (``runner.ModelRunner``).
 """
 
 from __future__ import annotations
@@ -114,22 +114,30 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def _load_or_build(model: nn.Module, cache: PagedKVCache, names: list[str], weights: list[torch.Tensor],
-                   options: dict[str, Any]) -> Any:
-    """The compiled library for this model's step: loaded already, in inductor's cache folder, or else exported,
-    compiled and saved there first (seconds to a minute)."""
+def library_key(model: nn.Module, cache: PagedKVCache, names: Sequence[str], weights: Sequence[torch.Tensor],
+                options: dict[str, Any]) -> str:
+    """What the compiled library depends on, hashed: everything but the weights' values."""
     from torch._inductor import cpu_vec_isa
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     from ..fast import row_kernels
 
     kv = [layer.keys for layer in cache.layers for _ in "kv"]  # dtype and [*, Hkv, hd]: the slot count is dynamic
     described = [f"{name}:{t.dtype}:{tuple(t.shape)}:{t.stride()}" for name, t in zip(names, weights)]
     described += [f"kv:{t.dtype}:{tuple(t.shape[1:])}:{t.stride()[1:]}" for t in kv]
-    key = hashlib.sha256("\n".join([
+    return hashlib.sha256("\n".join([
         torch.__version__, str(cpu_vec_isa.pick_vec_isa()), repr(sorted(options.items())),
-        f"row kernels: {row_kernels.ready()}", f"training: {model.training}", _source_digest(),
-        *described]).encode()).hexdigest()[:32]
+        f"row kernels: {row_kernels.ready()}", f"training: {model.training}",
+        f"threads: {torch.get_num_threads()}",  # inductor writes the thread count into its parallel loops
+        _source_digest(), *described]).encode()).hexdigest()[:32]
+
+
+def _load_or_build(model: nn.Module, cache: PagedKVCache, names: list[str], weights: list[torch.Tensor],
+                   options: dict[str, Any]) -> Any:
+    """The compiled library for this model's step: loaded already, in inductor's cache folder, or else exported,
+    compiled and saved there first (seconds to a minute)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    key = library_key(model, cache, names, weights, options)
     if key not in _LOADED:
         path = Path(cache_dir()) / PACKAGE_FOLDER / f"{key}.pt2"
         if not path.exists():
