@@ -12,8 +12,8 @@ growing key count and the batch size do not recompile). A forward of one row, th
 through ``aot_step.AotStep``: the same inductor code compiled ahead of time and called without Python between its
 kernels (its products are ``fast.one_row``'s loops, or ``fast.row_kernels`` for large bf16 and int8 weights, its
 attention ``kv_cache.one_query_attention``'s sums); where that step cannot be built or run, it says so once and
-one-row forwards go through ``torch.compile`` too. Other layouts stay eager: each count of decode groups or padding spans
-would be a graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and
+one-row forwards go through ``torch.compile`` too. Other layouts stay eager: each count of decode groups or padding
+spans would be a graph of its own, compiled when first met (seconds to a minute each, in the middle of serving), and
 prompts vary too much to pay for compiling. On a small model a decode step's time is mostly the fixed cost of
 some 15 operations per layer, which inductor fuses; at batch 1 on a large one, the bytes of the weights, which the
 one-row loops read faster than the library kernels. Where compiling a model fails (no C++ compiler, a weight type
@@ -131,7 +131,8 @@ class ModelRunner:
         try:
             return model(idx, cache=self.cache, pos=batch)[0]
         except Exception as err:
-            if model is self.aot:  # before any work: a shape it was not built for, a library that will not run
+            if model is self.aot:  # a shape it was not built for, a library that will not run; the rerun rewrites
+                # the same cache slots
                 self._aot_failed("failed", err)
                 return self._run_model(self.compiled, idx, batch)
             if model is self.model:
