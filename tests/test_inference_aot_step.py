@@ -101,6 +101,10 @@ def test_generate_decodes_one_row_through_the_step_with_the_offline_tokens(monke
     rows = generate(model, [prompt], max_new_tokens=6, compile=True).rows()
     assert rows == [generate_greedy(model, torch.tensor([prompt]), 6)[0, len(prompt):].tolist()]
     assert len(calls) == 5  # every step after the prefill
+    calls.clear()
+    rows = generate(model, [[5]], max_new_tokens=4, compile=True).rows()  # a one-token prompt: one key, no prefill
+    assert rows == [generate_greedy(model, torch.tensor([[5]]), 4)[0, 1:].tolist()]
+    assert len(calls) == 4  # its first forward is already the one-row step
     assert model not in runner_module._AOT_FAILED
 
 
